@@ -1,0 +1,1 @@
+"""dipaco_jax: DiPaCo, DiLoCo and DiLoCoX in JAX/Flax."""

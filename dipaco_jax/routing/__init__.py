@@ -1,0 +1,1 @@
+"""dipaco_jax.routing."""

@@ -1,0 +1,39 @@
+"""dipaco_jax: DiPaCo / DiLoCo / DiLoCoX training in JAX and Flax."""
+
+import setuptools
+
+_CORE = [
+    "jax>=0.10.0",
+    "flax>=0.12.0",
+    "optax>=0.2.5",
+    "orbax-checkpoint>=0.12.0",
+    "ml-collections>=1.0.0",
+    "chex>=0.1.90",
+    "sentencepiece>=0.2.0",
+    "numpy>=1.26",
+    "etils[epath]>=1.10",
+    "absl-py>=2.1",
+    "tensorboardX>=2.6",
+    "matplotlib>=3.8",
+]
+
+_EXTRAS = {
+    # Data preparation only (invariant 2: training never imports TensorFlow).
+    "data": ["tensorflow-cpu", "tensorflow-datasets", "seqio"],
+    "test": ["pytest>=8", "pytest-xdist>=3.5"],
+    "tpu": ["jax[tpu]"],
+    "gcs": ["gcsfs"],
+}
+
+setuptools.setup(
+    name="dipaco_jax",
+    version="0.1.0",
+    description=(
+        "Distributed Path Composition (DiPaCo) and DiLoCo in JAX/Flax: "
+        "low-communication training across compute islands."
+    ),
+    packages=setuptools.find_packages(include=["dipaco_jax", "dipaco_jax.*"]),
+    python_requires=">=3.11",
+    install_requires=_CORE,
+    extras_require=_EXTRAS,
+)
