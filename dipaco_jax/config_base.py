@@ -1,0 +1,231 @@
+"""The full, documented default config that every experiment starts from.
+
+Experiments in `experiments/` call `base_config()` and override fields; the
+command line overrides them again (`--config.model.num_layers=4`). Every field
+is commented here once; `validate()` checks the cross-field constraints before
+any compute so that a bad config fails in a second, not an hour in.
+"""
+
+import math
+
+import ml_collections
+
+# Logical axis name -> mesh axes. Parameters and activations carry logical
+# names (dipaco_jax.model.layers); these rules place them on the mesh
+# `path x data x fsdp x tensor`. Data, not code, so a sweep can change them.
+DEFAULT_SHARDING_RULES = (
+    ("workers", "path"),  # leading path/replica axis of inner state
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("vocab", "tensor"),
+    ("layers", None),
+    ("experts", None),  # leading expert axis of the outer module bank
+    ("length", None),
+    ("act_embed", None),
+)
+
+MESH_AXES = ("path", "data", "fsdp", "tensor")
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Returns the default config: a tiny dense model on the stdlib corpus."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # Seeds init, data order, tokenizer and routing.
+
+  # --- Data (dipaco_jax.data) -------------------------------------------
+  c.data = ml_collections.ConfigDict()
+  c.data.corpus = "python_stdlib"  # python_stdlib | text_files | c4
+  c.data.text_glob = ""  # text_files: glob of .txt / .jsonl files.
+  c.data.text_field = "text"  # text_files: the field of each .jsonl line.
+  c.data.max_doc_chars = 4000  # Longer files become several documents.
+  c.data.max_corpus_chars = 0  # 0 = whole corpus; else a deterministic cap.
+  c.data.validation_fraction = 0.05  # Share of files held out (by hash).
+  c.data.max_documents = 0  # c4 only: documents read per split (0 = all).
+  c.data.vocab_size = 4096  # SentencePiece vocabulary trained on train split.
+  c.data.tokenizer_model = ""  # Use this .model file instead of training.
+  c.data.tokenizer_max_sentences = 200_000  # Lines fed to the trainer.
+  c.data.seq_len = 256  # Training sequence length (tokens).
+  c.data.prefix_len = 32  # Routing context; never scored in evaluation.
+  c.data.prefetch = 2  # Batches prepared ahead by a host thread.
+
+  # --- Model (dipaco_jax.model) -----------------------------------------
+  c.model = ml_collections.ConfigDict()
+  c.model.num_layers = 4
+  c.model.d_model = 128
+  c.model.num_heads = 4
+  c.model.head_dim = 32
+  c.model.mlp_dim = 512  # Gated (SwiGLU) hidden width.
+  c.model.rope_base = 10_000.0
+  c.model.dtype = "bfloat16"  # Compute dtype; parameters stay float32.
+  c.model.attention = "auto"  # auto (cudnn on GPU, xla elsewhere)|xla|cudnn
+  c.model.remat = "none"  # none | full | dots (save matmul outputs)
+  c.model.scan_layers = True  # lax.scan over the layers of a segment.
+  c.model.init_std = 0.02
+
+  # --- Paths: the module bank (dipaco_jax.paths) ------------------------
+  c.paths = ml_collections.ConfigDict()
+  c.paths.shape = "1x1"  # Experts per level: 1x1 dense, 2x2, 4x4, 2x2x2...
+  c.paths.layers_per_level = ""  # e.g. "6,6"; empty = split layers evenly.
+  c.paths.private_layers = ""  # e.g. "0,5,6,11": blocks owned by each path.
+  c.paths.private_embedding = False  # Embedding + head owned by each path.
+  c.paths.num_replicas = 1  # DiLoCo workers per path (8 for DiLoCo).
+
+  # --- Inner optimizer: AdamW per worker ---------------------------------
+  c.inner_opt = ml_collections.ConfigDict()
+  c.inner_opt.learning_rate = 3e-3
+  c.inner_opt.warmup_steps = 20
+  c.inner_opt.final_lr_fraction = 0.1  # Cosine decays to this x peak.
+  c.inner_opt.b1 = 0.9
+  c.inner_opt.b2 = 0.95
+  c.inner_opt.weight_decay = 0.1
+  c.inner_opt.grad_clip = 1.0  # Global norm per worker; 0 disables.
+
+  # --- Outer optimizer (DiLoCo, per module) -----------------------------
+  c.diloco = ml_collections.ConfigDict()
+  c.diloco.inner_steps = 0  # H. 0 = never sync (plain dense training).
+  c.diloco.outer_optimizer = "nesterov"  # nesterov | sgd | adam
+  c.diloco.outer_lr = 0.7
+  c.diloco.outer_momentum = 0.9
+  c.diloco.weight_by_shard_size = True  # Paper Eq. 2-3.
+  c.diloco.rescale_by_sqrt_users = False  # Paper section 2.7 (multiply).
+
+  # --- Training -----------------------------------------------------------
+  c.train = ml_collections.ConfigDict()
+  c.train.num_steps = 200  # Inner steps per worker.
+  c.train.batch_size = 16  # Sequences per worker per step.
+  c.train.log_every = 10
+  c.train.eval_batch_size = 32
+
+  # --- Checkpoints --------------------------------------------------------
+  c.ckpt = ml_collections.ConfigDict()
+  c.ckpt.every = 100  # Inner steps between saves (0 = only the last step).
+  c.ckpt.keep = 2  # Checkpoints kept.
+  c.ckpt.async_save = True
+
+  # --- Mesh: path x data x fsdp x tensor; one -1 takes the rest ---------
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.path = 0  # 0 = auto: gcd(workers, devices).
+  c.mesh.data = -1
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+  c.sharding_rules = DEFAULT_SHARDING_RULES
+  return c
+
+
+class ConfigError(ValueError):
+  """A config that cannot run; the message names the field and the fix."""
+
+
+def _fail(field: str, message: str):
+  raise ConfigError(f"config.{field}: {message}")
+
+
+def parse_shape(shape: str) -> tuple[int, ...]:
+  """'2x4' -> (2, 4)."""
+  try:
+    sizes = tuple(int(s) for s in shape.lower().split("x"))
+  except ValueError:
+    _fail("paths.shape", f"{shape!r} is not like '2x2' (experts per level).")
+  if not sizes or any(s < 1 for s in sizes):
+    _fail("paths.shape", f"{shape!r}: every level needs at least 1 expert.")
+  return sizes
+
+
+def parse_int_list(field: str, text: str) -> tuple[int, ...]:
+  if not text.strip():
+    return ()
+  try:
+    return tuple(int(s) for s in text.split(","))
+  except ValueError:
+    _fail(field, f"{text!r} is not a comma-separated list of integers.")
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
+  """Checks cross-field constraints; raises ConfigError naming the field."""
+  m, p, d, t = config.model, config.paths, config.data, config.train
+  if d.corpus not in ("python_stdlib", "text_files", "c4"):
+    _fail("data.corpus", f"unknown corpus {d.corpus!r}; use python_stdlib, "
+          "text_files or c4.")
+  if d.corpus == "text_files" and not d.text_glob:
+    _fail("data.text_glob", "corpus text_files needs a glob of .txt/.jsonl.")
+  if d.seq_len <= d.prefix_len:
+    _fail("data.seq_len", f"{d.seq_len} must exceed data.prefix_len "
+          f"({d.prefix_len}), the routing context that is never scored.")
+  if d.vocab_size < 260:
+    _fail("data.vocab_size", "must be at least 260 (bytes + specials).")
+  for name in ("num_layers", "d_model", "num_heads", "head_dim", "mlp_dim"):
+    if m[name] < 1:
+      _fail(f"model.{name}", "must be positive.")
+  if m.dtype not in ("bfloat16", "float32"):
+    _fail("model.dtype", f"{m.dtype!r}: use bfloat16 or float32.")
+  if m.attention not in ("auto", "xla", "cudnn"):
+    _fail("model.attention", f"{m.attention!r}: use auto, xla or cudnn.")
+  if m.remat not in ("none", "full", "dots"):
+    _fail("model.remat", f"{m.remat!r}: use none, full or dots.")
+  levels = parse_shape(p.shape)
+  layers_per_level = parse_int_list("paths.layers_per_level",
+                                    p.layers_per_level)
+  if layers_per_level:
+    if len(layers_per_level) != len(levels):
+      _fail("paths.layers_per_level", f"has {len(layers_per_level)} entries "
+            f"but paths.shape {p.shape!r} has {len(levels)} levels.")
+    if sum(layers_per_level) != m.num_layers or min(layers_per_level) < 1:
+      _fail("paths.layers_per_level", f"{p.layers_per_level!r} must be "
+            f"positive and sum to model.num_layers={m.num_layers}.")
+  elif m.num_layers % len(levels):
+    _fail("paths.shape", f"{len(levels)} levels do not split "
+          f"model.num_layers={m.num_layers} evenly; set "
+          "paths.layers_per_level.")
+  private = parse_int_list("paths.private_layers", p.private_layers)
+  if any(not 0 <= i < m.num_layers for i in private):
+    _fail("paths.private_layers", f"{p.private_layers!r} has a layer outside "
+          f"[0, {m.num_layers}).")
+  if p.num_replicas < 1:
+    _fail("paths.num_replicas", "must be at least 1.")
+  if config.diloco.inner_steps < 0:
+    _fail("diloco.inner_steps", "H must be >= 0 (0 = never sync).")
+  num_workers = num_workers_of(config)
+  if num_workers > 1 and config.diloco.inner_steps == 0:
+    _fail("diloco.inner_steps", f"{num_workers} workers need H > 0, else "
+          "shared modules never synchronize.")
+  if config.diloco.outer_optimizer not in ("nesterov", "sgd", "adam"):
+    _fail("diloco.outer_optimizer", "use nesterov, sgd or adam.")
+  if t.num_steps < 1 or t.batch_size < 1:
+    _fail("train", "num_steps and batch_size must be positive.")
+  mesh = resolve_mesh_shape(config, num_devices)
+  if num_workers % mesh["path"]:
+    _fail("mesh.path", f"{num_workers} workers (paths x replicas) must be "
+          f"divisible by mesh.path={mesh['path']}.")
+  batch_shards = mesh["data"] * mesh["fsdp"]
+  if t.batch_size % batch_shards:
+    _fail("train.batch_size", f"{t.batch_size} must be divisible by "
+          f"mesh.data x mesh.fsdp = {batch_shards}.")
+
+
+def num_workers_of(config) -> int:
+  """Workers = paths x replicas: the leading axis of the inner state."""
+  return math.prod(parse_shape(config.paths.shape)) * config.paths.num_replicas
+
+
+def resolve_mesh_shape(config, num_devices: int) -> dict[str, int]:
+  """Resolves `path=0` (auto) and the one -1 axis against `num_devices`."""
+  sizes = {a: config.mesh[a] for a in MESH_AXES}
+  if sum(s == -1 for s in sizes.values()) > 1 or any(
+      s < -1 or (s == 0 and a != "path") for a, s in sizes.items()):
+    _fail("mesh", f"{sizes}: sizes are positive, with at most one -1 "
+          "(and path may be 0 = auto).")
+  if sizes["path"] == 0:
+    sizes["path"] = math.gcd(num_workers_of(config), num_devices)
+  known = math.prod(s for s in sizes.values() if s != -1)
+  if num_devices % known:
+    _fail("mesh", f"{sizes} does not divide {num_devices} devices.")
+  for a, s in sizes.items():
+    if s == -1:
+      sizes[a] = num_devices // known
+  if math.prod(sizes.values()) != num_devices:
+    _fail("mesh", f"{sizes} uses {math.prod(sizes.values())} devices but "
+          f"{num_devices} are present.")
+  return sizes

@@ -1,0 +1,185 @@
+"""Tokenized documents in two flat numpy arrays.
+
+`TokenDocs` holds N documents as one int32 token array and N+1 int64
+offsets: document i is `tokens[offsets[i]:offsets[i + 1]]`. Flat arrays
+save and load as one `.npz` with numpy alone (DESIGN invariant 2: training
+never needs TensorFlow), slice without copies and hash cheaply.
+"""
+
+import dataclasses
+import hashlib
+import io
+import os
+from typing import Sequence
+import zipfile
+
+from etils import epath
+import numpy as np
+
+
+@dataclasses.dataclass
+class TokenDocs:
+  """N tokenized documents: `tokens` (int32, flat) and `offsets` (N+1)."""
+  tokens: np.ndarray
+  offsets: np.ndarray
+
+  def __post_init__(self):
+    self.tokens = np.ascontiguousarray(self.tokens, dtype=np.int32)
+    self.offsets = np.ascontiguousarray(self.offsets, dtype=np.int64)
+    if self.tokens.ndim != 1 or self.offsets.ndim != 1:
+      raise ValueError('TokenDocs needs 1-D tokens and offsets, got shapes '
+                       f'{self.tokens.shape} and {self.offsets.shape}.')
+    if (self.offsets.size == 0 or self.offsets[0] != 0
+        or self.offsets[-1] != self.tokens.size
+        or np.any(np.diff(self.offsets) < 0)):
+      raise ValueError(
+          'TokenDocs offsets must start at 0, never decrease and end at '
+          f'len(tokens)={self.tokens.size}; got {self.offsets[:3]}...'
+          f'{self.offsets[-3:]}.')
+
+  def __len__(self) -> int:
+    return self.offsets.size - 1
+
+  def doc(self, i: int) -> np.ndarray:
+    return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+  def lengths(self) -> np.ndarray:
+    return np.diff(self.offsets)
+
+  @property
+  def num_tokens(self) -> int:
+    return int(self.tokens.size)
+
+  def subset(self, indices: Sequence[int] | np.ndarray) -> 'TokenDocs':
+    """The documents at `indices`, in that order (repeats allowed)."""
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if indices.size and (indices.min() < -len(self)
+                         or indices.max() >= len(self)):
+      raise IndexError(f'subset indices out of range for {len(self)} docs.')
+    indices = np.where(indices < 0, indices + len(self), indices)
+    lengths_n = self.lengths()[indices]
+    offsets = np.zeros(indices.size + 1, dtype=np.int64)
+    np.cumsum(lengths_n, out=offsets[1:])
+    # Source position of every output token: its doc's start plus its
+    # position within the doc, vectorized over all tokens at once.
+    starts = np.repeat(self.offsets[:-1][indices] - offsets[:-1], lengths_n)
+    positions = np.arange(offsets[-1], dtype=np.int64) + starts
+    return TokenDocs(self.tokens[positions], offsets)
+
+  def sha256(self) -> str:
+    """Hex sha256 of the tokens and offsets (little-endian, fixed dtypes)."""
+    h = hashlib.sha256()
+    h.update(b'tokens:int32<')
+    h.update(self.tokens.astype('<i4', copy=False).tobytes())
+    h.update(b'offsets:int64<')
+    h.update(self.offsets.astype('<i8', copy=False).tobytes())
+    return h.hexdigest()
+
+  def prefixes(self, prefix_len: int,
+               pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The first `prefix_len` tokens of every doc, right-padded.
+
+    Args:
+      prefix_len: T, the prefix length (routing reads these tokens).
+      pad_id: fills positions past a short doc's end.
+
+    Returns:
+      (prefix_NxT int32, lengths_N int64): the prefixes and how many of
+      each row's tokens are real (min(doc length, T)).
+    """
+    lengths_n = np.minimum(self.lengths(), prefix_len)
+    cols_t = np.arange(prefix_len, dtype=np.int64)
+    valid_nxt = cols_t[None, :] < lengths_n[:, None]
+    positions_nxt = self.offsets[:-1, None] + cols_t[None, :]
+    positions_nxt = np.where(valid_nxt, positions_nxt, 0)
+    if self.tokens.size == 0:
+      prefix_nxt = np.full(positions_nxt.shape, pad_id, dtype=np.int32)
+    else:
+      prefix_nxt = np.where(valid_nxt, self.tokens[positions_nxt],
+                            pad_id).astype(np.int32)
+    return prefix_nxt, lengths_n
+
+  def save(self, path: str | os.PathLike[str]) -> None:
+    """Writes an `.npz` atomically (temp file, then rename)."""
+    path = epath.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_npz(path, tokens=self.tokens, offsets=self.offsets)
+
+  @classmethod
+  def load(cls, path: str | os.PathLike[str]) -> 'TokenDocs':
+    arrays = load_npz(path, ('tokens', 'offsets'))
+    return cls(arrays['tokens'], arrays['offsets'])
+
+
+def save_npz(path: epath.Path, **arrays: np.ndarray) -> None:
+  """`np.savez` to a temp file next to `path`, then a rename.
+
+  A reader never sees a half-written file under the final name.
+
+  Args:
+    path: the destination.
+    **arrays: the arrays to store.
+  """
+  tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
+  with tmp.open('wb') as f:
+    np.savez(f, **arrays)
+  tmp.replace(path)
+
+
+def load_npz(path: str | os.PathLike[str],
+             keys: Sequence[str]) -> dict[str, np.ndarray]:
+  """Reads `keys` from an `.npz`; errors name the file."""
+  path = epath.Path(path)
+  try:
+    # Read the bytes first: np.load needs a seekable file, gs:// may not be.
+    data = path.read_bytes()
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+      missing = [k for k in keys if k not in npz.files]
+      if missing:
+        raise ValueError(f'{path} lacks arrays {missing} (has {npz.files}).')
+      return {k: npz[k] for k in keys}
+  except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
+    if isinstance(e, ValueError) and str(path) in str(e):
+      raise
+    raise ValueError(
+        f'Cannot read {path} ({type(e).__name__}: {e}). Delete it and rerun '
+        'the stage that writes it.') from e
+
+
+def encode_documents(tokenizer, texts: Sequence[str],
+                     vocab_size_check: int | None = None) -> TokenDocs:
+  """Tokenizes documents: each becomes `[BOS] + encode(text)`.
+
+  Uses SentencePiece's own threads over the batch; the output does not
+  depend on them (documents are encoded independently, placed in order).
+
+  Args:
+    tokenizer: a `Tokenizer`.
+    texts: the documents.
+    vocab_size_check: if set, every id must be below it (the model's
+      embedding size).
+
+  Returns:
+    The documents as `TokenDocs`.
+
+  Raises:
+    ValueError: an id is >= `vocab_size_check`.
+  """
+  encoded = tokenizer.encode_batch(list(texts))
+  lengths_n = np.array([ids.size + 1 for ids in encoded], dtype=np.int64)
+  offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+  np.cumsum(lengths_n, out=offsets[1:])
+  tokens = np.empty(int(offsets[-1]), dtype=np.int32)
+  tokens[offsets[:-1]] = tokenizer.bos_id
+  for i, ids in enumerate(encoded):
+    tokens[offsets[i] + 1:offsets[i + 1]] = ids
+  if vocab_size_check is not None and tokens.size:
+    bad = np.flatnonzero(tokens >= vocab_size_check)
+    if bad.size:
+      doc = int(np.searchsorted(offsets, bad[0], side='right') - 1)
+      raise ValueError(
+          f'Document {doc} has token id {int(tokens[bad[0]])} >= vocab size '
+          f'{vocab_size_check} (the tokenizer has {tokenizer.vocab_size} '
+          'pieces). Set config.model.vocab_size (or config.data.vocab_size) '
+          'to at least the tokenizer size, or retrain the tokenizer.')
+  return TokenDocs(tokens, offsets)

@@ -1,0 +1,157 @@
+"""Transformer layers: RMSNorm, rotary attention, gated MLP, decoder block.
+
+Parameters are float32 and carry logical axis names (see
+`config_base.DEFAULT_SHARDING_RULES`); compute runs in `config.dtype`
+(bfloat16 by default). Attention goes through `jax.nn.dot_product_attention`
+so that GPUs get the fused cuDNN kernel.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDims:
+  """The static shape of a path model (hashable, so jit can close over it)."""
+  vocab_size: int
+  num_layers: int
+  d_model: int
+  num_heads: int
+  head_dim: int
+  mlp_dim: int
+  rope_base: float = 10_000.0
+  dtype: str = "bfloat16"
+  attention: str = "xla"  # xla | cudnn (resolved, never 'auto')
+  remat: str = "none"
+  scan_layers: bool = True
+  init_std: float = 0.02
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+
+def dims_from_config(model_config, vocab_size: int) -> ModelDims:
+  attention = model_config.attention
+  if attention == "auto":
+    attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
+  return ModelDims(
+      vocab_size=vocab_size,
+      num_layers=model_config.num_layers,
+      d_model=model_config.d_model,
+      num_heads=model_config.num_heads,
+      head_dim=model_config.head_dim,
+      mlp_dim=model_config.mlp_dim,
+      rope_base=model_config.rope_base,
+      dtype=model_config.dtype,
+      attention=attention,
+      remat=model_config.remat,
+      scan_layers=model_config.scan_layers,
+      init_std=model_config.init_std)
+
+
+def _param_init(std, names):
+  return nn.with_logical_partitioning(nn.initializers.normal(std), names)
+
+
+class RMSNorm(nn.Module):
+  dims: ModelDims
+
+  @nn.compact
+  def __call__(self, x_BxLxD):
+    scale_D = self.param("scale", nn.with_logical_partitioning(
+        nn.initializers.ones, ("embed",)), (x_BxLxD.shape[-1],), jnp.float32)
+    x32 = x_BxLxD.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6)
+    return (x32 * scale_D).astype(self.dims.compute_dtype)
+
+
+def rotary(x_BxLxHxK, base: float):
+  """Rotary position embedding over the last axis (split in halves)."""
+  length, half = x_BxLxHxK.shape[1], x_BxLxHxK.shape[-1] // 2
+  inv_freq_K = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle_LxK = jnp.arange(length, dtype=jnp.float32)[:, None] * inv_freq_K
+  sin, cos = jnp.sin(angle_LxK)[:, None], jnp.cos(angle_LxK)[:, None]
+  x1, x2 = jnp.split(x_BxLxHxK.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+  return out.astype(x_BxLxHxK.dtype)
+
+
+class Attention(nn.Module):
+  """Causal multi-head attention with one fused QKV projection."""
+  dims: ModelDims
+
+  @nn.compact
+  def __call__(self, x_BxLxD):
+    d = self.dims
+    dtype = d.compute_dtype
+    w_Dx3xHxK = self.param(
+        "qkv", _param_init(d.init_std, ("embed", None, "heads", "kv")),
+        (d.d_model, 3, d.num_heads, d.head_dim), jnp.float32)
+    qkv_BxLx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxLxD,
+                               w_Dx3xHxK.astype(dtype))
+    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (qkv_BxLx3xHxK[:, :, i]
+                                        for i in range(3))
+    q_BxLxHxK = rotary(q_BxLxHxK, d.rope_base)
+    k_BxLxHxK = rotary(k_BxLxHxK, d.rope_base)
+    out_BxLxHxK = jax.nn.dot_product_attention(
+        q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=True,
+        implementation=d.attention)
+    # Residual branches are scaled down with depth (GPT-2 style) so that
+    # the residual stream's variance does not grow with the number of layers.
+    w_HxKxD = self.param(
+        "out", _param_init(d.init_std / (2 * d.num_layers) ** 0.5,
+                           ("heads", "kv", "embed")),
+        (d.num_heads, d.head_dim, d.d_model), jnp.float32)
+    return jnp.einsum("blhk,hkd->bld", out_BxLxHxK, w_HxKxD.astype(dtype))
+
+
+class GatedMlp(nn.Module):
+  """SwiGLU MLP with the gate and up projections fused in one matmul."""
+  dims: ModelDims
+
+  @nn.compact
+  def __call__(self, x_BxLxD):
+    d = self.dims
+    dtype = d.compute_dtype
+    w_Dx2xF = self.param("gate_up",
+                         _param_init(d.init_std, ("embed", None, "mlp")),
+                         (d.d_model, 2, d.mlp_dim), jnp.float32)
+    h_BxLx2xF = jnp.einsum("bld,dtf->bltf", x_BxLxD, w_Dx2xF.astype(dtype))
+    h_BxLxF = nn.silu(h_BxLx2xF[:, :, 0]) * h_BxLx2xF[:, :, 1]
+    w_FxD = self.param(
+        "down", _param_init(d.init_std / (2 * d.num_layers) ** 0.5,
+                            ("mlp", "embed")),
+        (d.mlp_dim, d.d_model), jnp.float32)
+    return jnp.einsum("blf,fd->bld", h_BxLxF, w_FxD.astype(dtype))
+
+
+def constrain_activations(x_BxLxD):
+  """Pins activations at block boundaries to the logical rules in context.
+
+  A no-op unless a mesh is set (`jax.set_mesh`) while tracing; under
+  `jax.vmap(..., spmd_axis_name='path')` the path axis is prepended.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  rules = nn.get_logical_axis_rules()
+  if mesh.empty or not rules:
+    return x_BxLxD
+  spec = nn.logical_to_mesh_axes(("batch", "length", "act_embed"), rules)
+  return jax.lax.with_sharding_constraint(x_BxLxD, spec)
+
+
+class DecoderBlock(nn.Module):
+  """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  dims: ModelDims
+
+  @nn.compact
+  def __call__(self, x_BxLxD, _=None):
+    x_BxLxD = constrain_activations(x_BxLxD)
+    x_BxLxD = x_BxLxD + Attention(self.dims, name="attention")(
+        RMSNorm(self.dims, name="attention_norm")(x_BxLxD))
+    x_BxLxD = x_BxLxD + GatedMlp(self.dims, name="mlp")(
+        RMSNorm(self.dims, name="mlp_norm")(x_BxLxD))
+    return constrain_activations(x_BxLxD), None

@@ -1,0 +1,107 @@
+"""A path model: embedding+head and layer segments named after bank slots.
+
+The parameter tree of `PathTransformer` is `{slot_name: slot_params}`: one
+entry per slot of the topology (`dipaco_jax.paths`). A path's parameters are
+gathered from the module bank slot by slot, so a path is an ordinary dense
+decoder-only LM, and `PathTransformer` with a single layer segment *is* the
+dense model.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dipaco_jax.model import layers
+
+_REMAT_POLICIES = {
+    "full": None,  # Save nothing: recompute the whole block.
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class EmbedHead(nn.Module):
+  """Token embedding at the bottom, final norm and LM head at the top."""
+  dims: layers.ModelDims
+
+  def setup(self):
+    d = self.dims
+    self.embedding = self.param(
+        "embedding", nn.with_logical_partitioning(
+            nn.initializers.normal(1.0), ("vocab", "embed")),
+        (d.vocab_size, d.d_model), jnp.float32)
+    self.final_norm = layers.RMSNorm(d)
+    self.head = self.param(
+        "head", nn.with_logical_partitioning(
+            nn.initializers.normal(d.d_model ** -0.5), ("embed", "vocab")),
+        (d.d_model, d.vocab_size), jnp.float32)
+
+  def embed(self, tokens_BxL):
+    return jnp.take(self.embedding, tokens_BxL, axis=0).astype(
+        self.dims.compute_dtype)
+
+  def logits(self, x_BxLxD):
+    x_BxLxD = self.final_norm(x_BxLxD)
+    return jnp.einsum("bld,dv->blv", x_BxLxD,
+                      self.head.astype(self.dims.compute_dtype))
+
+  def __call__(self, tokens_BxL):  # Only used by init.
+    return self.logits(self.embed(tokens_BxL))
+
+
+class LayerStack(nn.Module):
+  """`num_layers` decoder blocks, scanned (parameters stacked on axis 0)."""
+  dims: layers.ModelDims
+  num_layers: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD):
+    block = layers.DecoderBlock
+    if self.dims.remat != "none":
+      block = nn.remat(block, prevent_cse=not self.dims.scan_layers,
+                       policy=_REMAT_POLICIES[self.dims.remat])
+    if self.dims.scan_layers:
+      stack = nn.scan(block, variable_axes={"params": 0},
+                      split_rngs={"params": True}, length=self.num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+      x_BxLxD, _ = stack(self.dims, name="blocks")(x_BxLxD, None)
+      return x_BxLxD
+    for i in range(self.num_layers):
+      x_BxLxD, _ = block(self.dims, name=f"block_{i}")(x_BxLxD)
+    return x_BxLxD
+
+
+class PathTransformer(nn.Module):
+  """Decoder-only LM whose top-level parameters are the bank's slots.
+
+  Attributes:
+    dims: model shape.
+    segments: ((slot_name, num_layers), ...) in depth order.
+    embed_slot: name of the embedding+head slot.
+  """
+  dims: layers.ModelDims
+  segments: tuple[tuple[str, int], ...]
+  embed_slot: str = "embed_head"
+
+  def setup(self):
+    self.embed_head = EmbedHead(self.dims, name=self.embed_slot)
+    self.stacks = [LayerStack(self.dims, n, name=name)
+                   for name, n in self.segments]
+
+  def hidden_states(self, tokens_BxL):
+    """The last block's output (before the final norm): routing features."""
+    x_BxLxD = self.embed_head.embed(tokens_BxL)
+    for stack in self.stacks:
+      x_BxLxD = stack(x_BxLxD)
+    return x_BxLxD
+
+  def __call__(self, tokens_BxL):
+    return self.embed_head.logits(self.hidden_states(tokens_BxL))
+
+
+def segments_of(topology) -> tuple[tuple[str, int], ...]:
+  return tuple((s.name, len(s.layers)) for s in topology.layer_slots)
+
+
+def build_model(dims: layers.ModelDims, topology) -> PathTransformer:
+  from dipaco_jax import paths  # pylint: disable=g-import-not-at-top
+  return PathTransformer(dims, segments_of(topology), paths.EMBED_SLOT)

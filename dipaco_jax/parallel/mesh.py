@@ -1,0 +1,79 @@
+"""The device mesh, fake CPU devices, and logical-to-mesh shardings.
+
+One mesh `path x data x fsdp x tensor` (unused axes have size 1) in Auto
+axis mode; parameters carry logical axis names and `config.sharding_rules`
+maps them to mesh axes (DESIGN invariant 6).
+"""
+
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from dipaco_jax import config_base
+
+
+def setup_fake_devices(num_devices: int) -> None:
+  """Asks for `num_devices` CPU devices; must run before JAX starts.
+
+  Raises a clear error when the platform is not CPU, since fake devices only
+  exist there.
+  """
+  if num_devices <= 0:
+    return
+  platforms = os.environ.get("JAX_PLATFORMS", "")
+  if platforms and platforms != "cpu":
+    raise ValueError(
+        f"--fake_devices={num_devices} needs the CPU platform but "
+        f"JAX_PLATFORMS={platforms!r}; unset it or drop --fake_devices.")
+  jax.config.update("jax_platforms", "cpu")
+  jax.config.update("jax_num_cpu_devices", num_devices)
+  if jax.default_backend() != "cpu" or jax.device_count() != num_devices:
+    raise ValueError(
+        f"--fake_devices={num_devices}: JAX started on "
+        f"{jax.default_backend()} with {jax.device_count()} devices. Fake "
+        "devices must be set before JAX initializes; drop the flag on GPU/TPU.")
+
+
+def make_mesh(config, devices=None) -> jax.sharding.Mesh:
+  devices = devices if devices is not None else jax.devices()
+  shape = config_base.resolve_mesh_shape(config, len(devices))
+  axes = config_base.MESH_AXES
+  return jax.make_mesh(tuple(shape[a] for a in axes), axes,
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
+                       devices=devices)
+
+
+def rules_of(config) -> tuple:
+  return tuple((k, v) for k, v in config.sharding_rules)
+
+
+def logical_specs(boxed_tree, leading: str | None = None):
+  """PartitionSpecs of logical names from flax metadata, optionally with a
+  leading logical axis (`experts` for the bank, `workers` for inner state)."""
+  specs = nn.get_partition_spec(boxed_tree)
+  if leading is None:
+    return specs
+  return jax.tree.map(lambda s: P(leading, *s), specs,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def to_shardings(logical_spec_tree, mesh, rules):
+  return nn.logical_to_mesh_sharding(logical_spec_tree, mesh, list(rules))
+
+
+def batch_sharding(mesh, rules) -> NamedSharding:
+  """Batches are [W, B, L+1]: workers over `path`, examples over data."""
+  spec = nn.logical_to_mesh_axes(("workers", "batch", None), list(rules))
+  return NamedSharding(mesh, spec)
+
+
+def replicated(mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def describe(mesh) -> str:
+  return " x ".join(f"{n}={s}" for n, s in mesh.shape.items()) + (
+      f" on {mesh.devices.size} {np.ravel(mesh.devices)[0].platform} devices")

@@ -1,0 +1,220 @@
+"""Training state and the two jitted steps of the SPMD runtime.
+
+The state is a dict (orbax saves it as is):
+  step             int32, inner steps taken by every worker
+  outer_params     the module bank: {slot: leaves [K_s, ...]}
+  outer_opt_state  the outer optimizer's state for the bank
+  inner_params     every worker's path: {slot: leaves [W, ...]}
+  inner_opt_state  every worker's AdamW state (leading W axis)
+
+`inner_step` is the per-worker AdamW step `jax.vmap`ped over workers (the
+mesh axis `path`); `outer_step` is `diloco.outer.outer_update`. Both are
+jitted with explicit shardings and donate the state.
+"""
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dipaco_jax import paths as paths_lib
+from dipaco_jax.diloco import inner as inner_lib
+from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.model import layers
+from dipaco_jax.model import transformer
+from dipaco_jax.parallel import mesh as mesh_lib
+
+
+def next_token_loss(model, params, batch_BxLp1):
+  """Mean next-token cross-entropy over a packed batch."""
+  inputs_BxL, targets_BxL = batch_BxLp1[:, :-1], batch_BxLp1[:, 1:]
+  logits_BxLxV = model.apply({"params": params}, inputs_BxL)
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits_BxLxV.astype(jnp.float32), targets_BxL).mean()
+
+
+@dataclasses.dataclass
+class Runtime:
+  """Everything static about a run: model, topology, mesh, optimizers."""
+  config: object
+  topology: paths_lib.Topology
+  dims: layers.ModelDims
+  mesh: jax.sharding.Mesh
+  worker_weights_W: np.ndarray  # Shard sizes (tokens) of the workers.
+
+  def __post_init__(self):
+    c = self.config
+    self.model = transformer.build_model(self.dims, self.topology)
+    self.rules = mesh_lib.rules_of(c)
+    self.slot_names = tuple(s.name for s in self.topology.slots)
+    num_experts = [s.num_experts for s in self.topology.slots]
+    weights = (self.worker_weights_W if c.diloco.weight_by_shard_size
+               else np.ones(self.topology.num_workers))
+    self.mixing = outer_lib.mixing_matrices(self.topology.assignment_WxS,
+                                            weights, num_experts)
+    self.users = outer_lib.users_per_module(self.topology.assignment_WxS,
+                                            num_experts)
+    self.inner_tx = inner_lib.inner_optimizer(c.inner_opt, c.train.num_steps)
+    self.outer_tx = outer_lib.outer_optimizer(c.diloco)
+    self._build_shardings()
+    self.init_state = self._jit_init()
+    self.inner_step = self._jit_inner_step()
+    self.outer_step = self._jit_outer_step()
+
+  # --- Shapes and shardings ---------------------------------------------
+
+  def _dummy_tokens(self):
+    return jnp.zeros((1, 8), jnp.int32)
+
+  def boxed_path_params(self):
+    """Abstract path parameters with their logical-axis metadata."""
+    return jax.eval_shape(self.model.init, jax.random.key(0),
+                          self._dummy_tokens())["params"]
+
+  def _build_shardings(self):
+    boxed = self.boxed_path_params()
+    to_sh = functools.partial(mesh_lib.to_shardings, mesh=self.mesh,
+                              rules=self.rules)
+    self.path_param_shardings = to_sh(mesh_lib.logical_specs(boxed))
+    self.bank_shardings = to_sh(mesh_lib.logical_specs(boxed, "experts"))
+    self.inner_param_shardings = to_sh(mesh_lib.logical_specs(boxed,
+                                                              "workers"))
+    workers_axis = nn.logical_to_mesh_axes(("workers",), list(self.rules))
+    worker_vector = jax.sharding.NamedSharding(self.mesh, workers_axis)
+    replicated = mesh_lib.replicated(self.mesh)
+    abstract = jax.eval_shape(self._init_fn, jax.random.key(0))
+
+    def opt_shardings(tx, opt_state, param_shardings, non_param):
+      return optax.tree_map_params(
+          tx, lambda _, sh: sh, opt_state, param_shardings,
+          transform_non_params=lambda leaf: non_param(leaf))
+
+    self.state_shardings = {
+        "step": replicated,
+        "outer_params": self.bank_shardings,
+        "outer_opt_state": opt_shardings(
+            self.outer_tx, abstract["outer_opt_state"], self.bank_shardings,
+            lambda _: replicated),
+        "inner_params": self.inner_param_shardings,
+        "inner_opt_state": opt_shardings(
+            self.inner_tx, abstract["inner_opt_state"],
+            self.inner_param_shardings,
+            lambda leaf: worker_vector if leaf.ndim else replicated),
+    }
+    self.abstract_state = jax.tree.map(
+        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+        abstract, self.state_shardings)
+    self.batch_sharding = mesh_lib.batch_sharding(self.mesh, self.rules)
+
+  # --- Init -----------------------------------------------------------------
+
+  def _init_fn(self, key):
+    path_params = nn.unbox(self.model.init(key, self._dummy_tokens())[
+        "params"])
+    # Every expert of a slot starts as the same copy (DiPaCo forks all paths
+    # from one base model; DiLoCo replicas must start identical).
+    bank = {s.name: jax.tree.map(
+        lambda x, k=s.num_experts: jnp.broadcast_to(x, (k,) + x.shape),
+        path_params[s.name]) for s in self.topology.slots}
+    return self._state_from_bank(bank)
+
+  def _state_from_bank(self, bank):
+    inner = outer_lib.gather_workers(bank, self.topology.assignment_WxS,
+                                     self.slot_names)
+    return {
+        "step": jnp.zeros((), jnp.int32),
+        "outer_params": bank,
+        "outer_opt_state": self.outer_tx.init(bank),
+        "inner_params": inner,
+        "inner_opt_state": jax.vmap(self.inner_tx.init)(inner),
+    }
+
+  def _jit_init(self):
+    init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
+
+    def run(key):
+      with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+        return init(key)
+    return run
+
+  def state_from_bank(self, bank):
+    """A fresh state whose modules are `bank` (e.g. a pretrained base)."""
+    fn = jax.jit(self._state_from_bank, out_shardings=self.state_shardings)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return fn(bank)
+
+  # --- Steps ----------------------------------------------------------------
+
+  def _worker_step(self, params, opt_state, batch_BxLp1):
+    loss_fn = functools.partial(next_token_loss, self.model)
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch_BxLp1)
+    updates, opt_state = self.inner_tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return params, opt_state, {"loss": loss,
+                               "grad_norm": optax.global_norm(grads)}
+
+  def _jit_inner_step(self):
+    def step(state, batch_WxBxLp1):
+      params, opt_state, metrics = jax.vmap(
+          self._worker_step, spmd_axis_name=self._path_mesh_axes())(
+              state["inner_params"], state["inner_opt_state"],
+              batch_WxBxLp1)
+      state = dict(state, inner_params=params, inner_opt_state=opt_state,
+                   step=state["step"] + 1)
+      return state, metrics
+
+    metric_sharding = jax.sharding.NamedSharding(
+        self.mesh, nn.logical_to_mesh_axes(("workers",), list(self.rules)))
+    jitted = jax.jit(step, in_shardings=(self.state_shardings,
+                                         self.batch_sharding),
+                     out_shardings=(self.state_shardings, metric_sharding),
+                     donate_argnums=0)
+    return self._in_context(jitted)
+
+  def _path_mesh_axes(self):
+    axes = nn.logical_to_mesh_axes(("workers",), list(self.rules))[0]
+    return axes
+
+  def _outer_fn(self, state):
+    d = self.config.diloco
+    bank, opt_state, inner = outer_lib.outer_update(
+        state["outer_params"], state["outer_opt_state"],
+        state["inner_params"], self.outer_tx,
+        assignment_WxS=self.topology.assignment_WxS,
+        slot_names=self.slot_names, mixing=self.mixing, users=self.users,
+        rescale_by_sqrt_users=d.rescale_by_sqrt_users)
+    return dict(state, outer_params=bank, outer_opt_state=opt_state,
+                inner_params=inner)
+
+  def _jit_outer_step(self):
+    jitted = jax.jit(self._outer_fn, in_shardings=(self.state_shardings,),
+                     out_shardings=self.state_shardings, donate_argnums=0)
+    return self._in_context(jitted)
+
+  def _in_context(self, fn):
+    def run(*args):
+      with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+        return fn(*args)
+    run.jitted = fn
+    return run
+
+  # --- Views ------------------------------------------------------------------
+
+  def path_params(self, bank, path: int):
+    """One path's dense parameters gathered from a bank."""
+    row = self.topology.path_assignment_PxS()[path]
+    return {name: jax.tree.map(lambda x, e=int(row[s]): x[e], bank[name])
+            for s, name in enumerate(self.slot_names)}
+
+  def all_path_params(self, bank):
+    """Every path's parameters stacked: {slot: [P, ...]}."""
+    return outer_lib.gather_workers(bank, self.topology.path_assignment_PxS(),
+                                    self.slot_names)
+
+  def worker_rows(self, data_batch):
+    return jax.make_array_from_process_local_data(self.batch_sharding,
+                                                  data_batch)
