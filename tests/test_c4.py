@@ -3,6 +3,8 @@
 Skipped where the `data` extra (`pip install -e .[data]`) is not installed.
 """
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -89,11 +91,13 @@ def test_c4_documents_mock_texts():
   ):
     docs = c4.c4_documents("validation", max_documents=3)
     all_train = c4.c4_documents("train", max_documents=100)
+    whole = c4.c4_documents("train", max_documents=0)  # 0 = the whole split.
   assert docs == [
       (f"c4/validation/{i}", t)
       for i, t in enumerate(_mock_texts("validation", 3))
   ]
   assert len(all_train) == _NUM_MOCK["train"]  # max_documents is an upper bound.
+  assert whole == all_train
 
 
 def test_c4_documents_default_mock_data():
@@ -166,6 +170,12 @@ def test_c4_token_docs_default_mock_data(vocab_path, task_name):
 
 def test_bad_arguments(task_name):
   with pytest.raises(ValueError, match="max_documents"):
-    c4.c4_documents("train", max_documents=0)
+    c4.c4_documents("train", max_documents=-1)
   with pytest.raises(ValueError, match="bos_id"):
     c4.c4_token_docs(task_name, "train", max_documents=1, bos_id=-1)
+
+
+def test_missing_extra_names_the_install_command(monkeypatch):
+  monkeypatch.setitem(sys.modules, "seqio", None)
+  with pytest.raises(ImportError, match=r"pip install -e \.\[data\]"):
+    c4.register_c4_task("unused.model", task_name="dipaco_c4_never")

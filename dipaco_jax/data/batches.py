@@ -131,7 +131,8 @@ class StackedBatches:
 
 
 def eval_windows(token_docs: token_store.TokenDocs, seq_len: int,
-                 prefix_len: int = 32, pad_id: int = 0) -> dict[str, np.ndarray]:
+                 prefix_len: int = 32,
+                 pad_id: int = 0) -> dict[str, np.ndarray]:
   """Cuts every document into scoring windows, without its first tokens.
 
   Window k of document d has inputs d[kL : kL+L] and targets

@@ -87,16 +87,24 @@ def _import_seqio():
 
 
 def _check_max_documents(max_documents: int) -> None:
-  if not isinstance(max_documents, (int, np.integer)) or max_documents < 1:
+  """0 means the whole split, as in `config.data.max_documents`."""
+  if (isinstance(max_documents, bool)
+      or not isinstance(max_documents, (int, np.integer))
+      or max_documents < 0):
     raise ValueError(
-        f"max_documents must be a positive int, got {max_documents!r}."
+        "max_documents must be an int >= 0 (0 = the whole split), got "
+        f"{max_documents!r}."
     )
 
 
-def _tfds_not_found(tfds_name: str, data_dir: str | None, e: Exception):
+def _take(ds, max_documents: int):
+  return ds.take(int(max_documents)) if max_documents else ds
+
+
+def _tfds_not_found(what: str, data_dir: str | None, e: Exception):
   return FileNotFoundError(
-      f"TFDS dataset {tfds_name!r} is not prepared in data_dir={data_dir!r} "
-      "(None means $TFDS_DATA_DIR or ~/tensorflow_datasets). Nothing here "
+      f"{what} is not prepared in data_dir={data_dir!r} (None means "
+      "$TFDS_DATA_DIR or ~/tensorflow_datasets). Nothing here "
       "downloads C4: point data_dir (or TFDS_DATA_DIR) at a prepared copy, "
       "or build one with `tfds build c4/en` (needs Apache Beam, ~800 GB). "
       f"TFDS said: {e}"
@@ -116,7 +124,8 @@ def c4_documents(
     split: a TFDS split of `tfds_name` ('train', 'validation', or a slice
       such as 'train[:1000]').
     max_documents: how many documents at most (fewer if the split is
-      shorter).
+      shorter); 0 reads the whole split (all of C4 train does not fit in
+      memory: use a slice or a bound there).
     data_dir: TFDS data directory holding the prepared dataset (None: TFDS'
       default, `$TFDS_DATA_DIR` or `~/tensorflow_datasets`).
     tfds_name: the TFDS name and version.
@@ -137,8 +146,8 @@ def c4_documents(
     )
   except (AssertionError, FileNotFoundError,
           tfds.core.DatasetNotFoundError) as e:
-    raise _tfds_not_found(tfds_name, data_dir, e) from e
-  ds = ds.map(lambda ex: ex["text"]).take(int(max_documents))
+    raise _tfds_not_found(f"TFDS dataset {tfds_name!r}", data_dir, e) from e
+  ds = _take(ds.map(lambda ex: ex["text"]), max_documents)
   return [
       (f"c4/{split}/{i}", text.decode("utf-8"))
       for i, text in enumerate(tfds.as_numpy(ds))
@@ -227,7 +236,8 @@ def c4_token_docs(
     task_name: a task from `register_c4_task` (any seqio task with an int
       `targets` feature works).
     split: one of the task's splits.
-    max_documents: how many documents at most, in unshuffled order.
+    max_documents: how many documents at most, in unshuffled order; 0
+      reads the whole split.
     bos_id: id prepended to every document. T5's vocabulary has no BOS, so
       the caller names it (see the module docstring).
 
@@ -254,8 +264,12 @@ def c4_token_docs(
     )
   except (AssertionError, FileNotFoundError,
           tfds.core.DatasetNotFoundError) as e:
-    raise _tfds_not_found(f"{task_name} (seqio task)", None, e) from e
-  ds = ds.map(lambda ex: ex["targets"]).take(int(max_documents))
+    raise _tfds_not_found(
+        f"The TFDS source of seqio task {task_name!r}",
+        getattr(getattr(task.source, "tfds_dataset", None), "data_dir", None),
+        e,
+    ) from e
+  ds = _take(ds.map(lambda ex: ex["targets"]), max_documents)
 
   bos = np.array([bos_id], dtype=np.int32)
   pieces = []

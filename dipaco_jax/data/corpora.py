@@ -138,6 +138,9 @@ def _log_sizes(source: str, splits: dict[str, list[Document]]) -> None:
   for name, docs in splits.items():
     logging.info('%s: %s has %d documents, %d characters.', source, name,
                  len(docs), sum(len(d.text) for d in docs))
+    if not docs:
+      logging.warning('%s: the %s split is empty; use more data or change '
+                      'config.data.validation_fraction.', source, name)
 
 
 def python_stdlib_documents(
@@ -220,7 +223,7 @@ def _glob(pattern: str) -> tuple[epath.Path, list[epath.Path]]:
   return base, sorted(matches, key=os.fspath)
 
 
-def _jsonl_texts(path: epath.Path, relpath: str,
+def _jsonl_texts(path: epath.Path,
                  text_field: str) -> Iterator[tuple[int, str]]:
   """Yields (1-based line number, text) for each non-blank JSON line."""
   with path.open('rb') as f:
@@ -306,7 +309,7 @@ def text_files_documents(
         else:
           skipped += 1
       continue
-    for line_no, text in _jsonl_texts(path, relpath, text_field):
+    for line_no, text in _jsonl_texts(path, text_field):
       doc_id = f'{relpath}:{line_no}'
       split = splits[_split_of(doc_id, validation_fraction)]
       for index, chunk in enumerate(chunk_text(text, max_doc_chars)):

@@ -100,8 +100,3 @@ class Prefetcher:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
-
-  def __del__(self):
-    stopping = getattr(self, '_stopping', None)
-    if stopping is not None:
-      stopping.set()

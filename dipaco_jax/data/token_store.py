@@ -6,9 +6,11 @@ save and load as one `.npz` with numpy alone (DESIGN invariant 2: training
 never needs TensorFlow), slice without copies and hash cheaply.
 """
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import io
+import multiprocessing
 import os
 from typing import Sequence
 import zipfile
@@ -146,18 +148,76 @@ def load_npz(path: str | os.PathLike[str],
         'the stage that writes it.') from e
 
 
+# Below this many characters worker processes cost more than they save.
+_PARALLEL_MIN_CHARS = 4_000_000
+_CHUNK_CHARS = 1_000_000
+_worker_tokenizer = None
+
+
+def _init_worker(model_proto: bytes) -> None:
+  global _worker_tokenizer
+  from dipaco_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  _worker_tokenizer = tokenizer_lib.Tokenizer(model_proto)
+
+
+def _encode_chunk(texts: list[str]) -> list[np.ndarray]:
+  return _worker_tokenizer.encode_batch(texts, num_threads=1)
+
+
+def _encode_all(tokenizer, texts: list[str],
+                num_workers: int | None) -> list[np.ndarray]:
+  """Encodes in worker processes when it pays; the same ids either way.
+
+  SentencePiece's batch threads gave no speed-up here (measured: 2.1 s with
+  1 thread, 2.3 s with 2), so large corpora use processes. 'spawn', not
+  'fork': the caller may have JAX's threads running.
+
+  Args:
+    tokenizer: a `Tokenizer`.
+    texts: the documents.
+    num_workers: processes to use; None picks by corpus size and CPUs.
+
+  Returns:
+    The ids of each text, in order.
+  """
+  total_chars = sum(len(t) for t in texts)
+  if num_workers is None:
+    num_workers = min(os.cpu_count() or 1, 16)
+    if total_chars < _PARALLEL_MIN_CHARS:
+      num_workers = 1
+  if num_workers <= 1 or len(texts) < 2:
+    return tokenizer.encode_batch(texts, num_threads=1)
+  chunks, current, size = [], [], 0
+  for text in texts:
+    current.append(text)
+    size += len(text)
+    if size >= min(_CHUNK_CHARS, total_chars // (2 * num_workers) + 1):
+      chunks.append(current)
+      current, size = [], 0
+  if current:
+    chunks.append(current)
+  context = multiprocessing.get_context('spawn')
+  with concurrent.futures.ProcessPoolExecutor(
+      num_workers, mp_context=context, initializer=_init_worker,
+      initargs=(tokenizer.model_proto,)) as pool:
+    # map keeps the input order, so the result does not depend on timing.
+    return [ids for part in pool.map(_encode_chunk, chunks) for ids in part]
+
+
 def encode_documents(tokenizer, texts: Sequence[str],
-                     vocab_size_check: int | None = None) -> TokenDocs:
+                     vocab_size_check: int | None = None,
+                     num_workers: int | None = None) -> TokenDocs:
   """Tokenizes documents: each becomes `[BOS] + encode(text)`.
 
-  Uses SentencePiece's own threads over the batch; the output does not
-  depend on them (documents are encoded independently, placed in order).
+  Documents are encoded independently and placed in order, so the output
+  does not depend on `num_workers`.
 
   Args:
     tokenizer: a `Tokenizer`.
     texts: the documents.
     vocab_size_check: if set, every id must be below it (the model's
       embedding size).
+    num_workers: worker processes; None: several for large corpora only.
 
   Returns:
     The documents as `TokenDocs`.
@@ -165,7 +225,7 @@ def encode_documents(tokenizer, texts: Sequence[str],
   Raises:
     ValueError: an id is >= `vocab_size_check`.
   """
-  encoded = tokenizer.encode_batch(list(texts))
+  encoded = _encode_all(tokenizer, list(texts), num_workers)
   lengths_n = np.array([ids.size + 1 for ids in encoded], dtype=np.int64)
   offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
   np.cumsum(lengths_n, out=offsets[1:])

@@ -1,0 +1,39 @@
+r"""Command line: runs the main job for a config.
+
+  python -m dipaco_jax.main --config=experiments/quickstart.py \
+      --workdir=/tmp/dipaco_quickstart [--fake_devices=8] \
+      [--config.train.num_steps=100]
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "An experiments/*.py config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None,
+                               "Run directory (local path or gs://).")
+_FAKE_DEVICES = flags.DEFINE_integer(
+    "fake_devices", 0, "Run on N fake CPU devices (CPU only).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  from dipaco_jax.parallel import mesh  # pylint: disable=g-import-not-at-top
+  mesh.setup_fake_devices(_FAKE_DEVICES.value)
+  from dipaco_jax import config_base  # pylint: disable=g-import-not-at-top
+  from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
+  config = _CONFIG.value
+  try:
+    pipeline.check_config(config)
+  except config_base.ConfigError as e:
+    print(f"Bad config: {e}", file=sys.stderr)
+    sys.exit(2)
+  pipeline.run(config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,106 @@
+"""The training loop of the SPMD runtime: inner steps, outer syncs, hooks.
+
+Deterministic by step: the batch of worker w at step s is a pure function of
+(seed, shard, w, s), and the state holds everything else, so resuming from a
+checkpoint reproduces an uninterrupted run exactly (DESIGN invariant 3).
+"""
+
+import dataclasses
+
+from absl import logging
+from etils import epath
+import jax
+import numpy as np
+
+from dipaco_jax.data import prefetch
+from dipaco_jax.train import checkpoint as ckpt_lib
+from dipaco_jax.train import metrics as metrics_lib
+
+
+@dataclasses.dataclass
+class TrainResult:
+  state: dict
+  steps: int
+  resumed_from: int | None
+  tokens_per_s: float
+  final_losses_W: np.ndarray
+
+
+def train(runtime, batches, run_dir: str, hashes: dict, name: str,
+          init_bank=None, hooks=()) -> TrainResult:
+  """Runs (or resumes) `config.train.num_steps` inner steps.
+
+  Args:
+    runtime: a `train.state.Runtime`.
+    batches: has `batch(step) -> [W, B, L+1]` (data.batches.StackedBatches).
+    run_dir: this run's directory (checkpoints/, logs/).
+    hashes: what the checkpoint must match on resume.
+    name: shown in progress lines.
+    init_bank: start from these modules instead of a random init.
+    hooks: callables `hook(step, state, losses_W)` run after each step's
+      metrics arrive (one step late, so they never stall the device).
+  """
+  c = runtime.config
+  num_steps, sync_every = c.train.num_steps, c.diloco.inner_steps
+  run_dir = epath.Path(run_dir)
+  ckpt = ckpt_lib.Checkpointer(str(run_dir / "checkpoints"), c.ckpt.every,
+                               c.ckpt.keep, c.ckpt.async_save)
+  meta = {"hashes": hashes, "name": name}
+  latest = ckpt.latest_step()
+  if latest is not None:
+    state, _ = ckpt.restore(latest, runtime.abstract_state, hashes)
+  elif init_bank is not None:
+    state = runtime.state_from_bank(init_bank)
+  else:
+    state = runtime.init_state(jax.random.key(c.seed))
+  start = int(jax.device_get(state["step"]))
+  if start >= num_steps:
+    ckpt.close()
+    logging.info("[%s] already trained %d steps; reusing.", name, start)
+    return TrainResult(state, start, latest, 0.0, np.array([]))
+
+  writer = metrics_lib.MetricWriter(str(run_dir))
+  tokens_per_step = (runtime.topology.num_workers * c.train.batch_size *
+                     c.data.seq_len)
+  progress = metrics_lib.Progress(name, start, num_steps, tokens_per_step)
+  if latest is not None:
+    print(f"[{name}] resuming from step {latest} in {run_dir}", flush=True)
+  pending = None  # (step, metrics on device): read one step late.
+  last_losses = np.array([])
+
+  def drain(step, device_metrics):
+    nonlocal last_losses
+    host = jax.device_get(device_metrics)
+    losses_W = np.asarray(host["loss"])
+    metrics_lib.finite_or_raise(step, losses_W)
+    last_losses = losses_W
+    if step % c.train.log_every == 0 or step == num_steps:
+      scalars = {"loss": losses_W.mean(),
+                 "grad_norm": np.asarray(host["grad_norm"]).mean()}
+      for w, loss in enumerate(losses_W):
+        scalars[f"loss/worker_{w}"] = loss
+      scalars.update(progress.report(step, float(losses_W.mean())))
+      writer.write(step, scalars)
+    for hook in hooks:
+      hook(step, state, losses_W)
+
+  try:
+    with prefetch.Prefetcher(batches.batch, start, num_steps,
+                             c.data.prefetch) as batch_iter:
+      for step, batch in batch_iter:
+        state, device_metrics = runtime.inner_step(
+            state, runtime.worker_rows(batch))
+        done = step + 1
+        if sync_every and done % sync_every == 0:
+          state = runtime.outer_step(state)
+        if pending is not None:
+          drain(*pending)
+        pending = (done, device_metrics)
+        if ckpt.should_save(done, num_steps):
+          ckpt.save(done, state, meta)
+      drain(*pending)
+  finally:
+    ckpt.close()
+    writer.close()
+  return TrainResult(state, num_steps, latest,
+                     progress.average_tokens_per_s(num_steps), last_losses)
