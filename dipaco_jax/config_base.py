@@ -75,6 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   # --- Inner optimizer: AdamW per worker ---------------------------------
   c.inner_opt = ml_collections.ConfigDict()
+  c.inner_opt.name = "adamw"  # adamw | sgd (sgd: for equivalence tests)
   c.inner_opt.learning_rate = 3e-3
   c.inner_opt.warmup_steps = 20
   c.inner_opt.final_lr_fraction = 0.1  # Cosine decays to this x peak.
@@ -193,6 +194,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
           "shared modules never synchronize.")
   if config.diloco.outer_optimizer not in ("nesterov", "sgd", "adam"):
     _fail("diloco.outer_optimizer", "use nesterov, sgd or adam.")
+  if config.inner_opt.name not in ("adamw", "sgd"):
+    _fail("inner_opt.name", f"{config.inner_opt.name!r}: use adamw or sgd.")
+  h = config.diloco.inner_steps
+  if h and t.num_steps % h:
+    _fail("train.num_steps", f"{t.num_steps} must be a multiple of "
+          f"diloco.inner_steps={h}, so training ends on an outer step.")
   if t.num_steps < 1 or t.batch_size < 1:
     _fail("train", "num_steps and batch_size must be positive.")
   mesh = resolve_mesh_shape(config, num_devices)

@@ -23,11 +23,14 @@ def _decay_mask(params):
 
 def inner_optimizer(inner_config, num_steps: int
                     ) -> optax.GradientTransformation:
-  adamw = optax.adamw(
-      learning_rate_schedule(inner_config, num_steps),
-      b1=inner_config.b1, b2=inner_config.b2,
-      weight_decay=inner_config.weight_decay, mask=_decay_mask)
+  """AdamW (the papers' inner optimizer), or plain SGD for equivalence
+  tests, after optional global-norm clipping per worker."""
+  schedule = learning_rate_schedule(inner_config, num_steps)
+  if inner_config.name == "sgd":
+    tx = optax.sgd(schedule)
+  else:
+    tx = optax.adamw(schedule, b1=inner_config.b1, b2=inner_config.b2,
+                     weight_decay=inner_config.weight_decay, mask=_decay_mask)
   if inner_config.grad_clip > 0:
-    return optax.chain(optax.clip_by_global_norm(inner_config.grad_clip),
-                       adamw)
-  return adamw
+    return optax.chain(optax.clip_by_global_norm(inner_config.grad_clip), tx)
+  return tx

@@ -30,6 +30,13 @@ class ModelDims:
   init_std: float = 0.02
 
   @property
+  def padded_vocab(self) -> int:
+    """Vocabulary rounded up to a multiple of 128, so that the embedding and
+    head split evenly over `tensor` shards and map well onto MXUs/tensor
+    cores; the padding logits are masked out."""
+    return -(-self.vocab_size // 128) * 128
+
+  @property
   def compute_dtype(self):
     return jnp.dtype(self.dtype)
 

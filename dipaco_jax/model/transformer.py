@@ -28,12 +28,12 @@ class EmbedHead(nn.Module):
     self.embedding = self.param(
         "embedding", nn.with_logical_partitioning(
             nn.initializers.normal(1.0), ("vocab", "embed")),
-        (d.vocab_size, d.d_model), jnp.float32)
+        (d.padded_vocab, d.d_model), jnp.float32)
     self.final_norm = layers.RMSNorm(d)
     self.head = self.param(
         "head", nn.with_logical_partitioning(
             nn.initializers.normal(d.d_model ** -0.5), ("embed", "vocab")),
-        (d.d_model, d.vocab_size), jnp.float32)
+        (d.d_model, d.padded_vocab), jnp.float32)
 
   def embed(self, tokens_BxL):
     return jnp.take(self.embedding, tokens_BxL, axis=0).astype(
@@ -41,8 +41,14 @@ class EmbedHead(nn.Module):
 
   def logits(self, x_BxLxD):
     x_BxLxD = self.final_norm(x_BxLxD)
-    return jnp.einsum("bld,dv->blv", x_BxLxD,
-                      self.head.astype(self.dims.compute_dtype))
+    logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD,
+                              self.head.astype(self.dims.compute_dtype))
+    if self.dims.padded_vocab == self.dims.vocab_size:
+      return logits_BxLxV
+    # Padding ids never occur; a large negative logit removes them from the
+    # softmax so the loss equals that of an unpadded vocabulary.
+    real_V = jnp.arange(self.dims.padded_vocab) < self.dims.vocab_size
+    return jnp.where(real_V, logits_BxLxV, jnp.asarray(-1e9, logits_BxLxV.dtype))
 
   def __call__(self, tokens_BxL):  # Only used by init.
     return self.logits(self.embed(tokens_BxL))

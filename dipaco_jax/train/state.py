@@ -155,7 +155,7 @@ class Runtime:
     updates, opt_state = self.inner_tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     return params, opt_state, {"loss": loss,
-                               "grad_norm": optax.global_norm(grads)}
+                               "grad_norm": optax.tree.norm(grads)}
 
   def _jit_inner_step(self):
     def step(state, batch_WxBxLp1):

@@ -1,0 +1,61 @@
+"""Tiny configs and runtimes for tests (and for trying things in a shell)."""
+
+import jax
+import numpy as np
+
+from dipaco_jax import config_base
+from dipaco_jax import paths as paths_lib
+from dipaco_jax.model import layers
+from dipaco_jax.parallel import mesh as mesh_lib
+from dipaco_jax.train import state as state_lib
+
+TINY_VOCAB = 97
+
+
+def tiny_config(shape="1x1", replicas=1, inner_steps=0, num_steps=8):
+  c = config_base.base_config()
+  c.paths.shape = shape
+  c.paths.num_replicas = replicas
+  c.diloco.inner_steps = inner_steps
+  c.model.num_layers = 4
+  c.model.d_model = 32
+  c.model.num_heads = 2
+  c.model.head_dim = 16
+  c.model.mlp_dim = 64
+  c.model.dtype = "float32"
+  c.data.seq_len = 40
+  c.data.vocab_size = 512
+  c.train.num_steps = num_steps
+  c.train.batch_size = 8
+  c.inner_opt.warmup_steps = 2
+  return c
+
+
+def tiny_runtime(config, vocab_size=TINY_VOCAB, weights_W=None,
+                 devices=None):
+  config_base.validate(config, len(devices or jax.devices()))
+  topology = paths_lib.topology_from_config(config)
+  dims = layers.dims_from_config(config.model, vocab_size)
+  mesh = mesh_lib.make_mesh(config, devices)
+  if weights_W is None:
+    weights_W = np.ones(topology.num_workers)
+  return state_lib.Runtime(config, topology, dims, mesh,
+                           np.asarray(weights_W, np.float64))
+
+
+class RandomBatches:
+  """Deterministic random token batches [W, B, L+1] by step."""
+
+  def __init__(self, num_workers, batch_size, seq_len, vocab_size=TINY_VOCAB,
+               seed=0, salt_W=None):
+    self.shape = (num_workers, batch_size, seq_len + 1)
+    self.vocab_size, self.seed = vocab_size, seed
+    self.salt_W = salt_W if salt_W is not None else np.zeros(num_workers,
+                                                             np.int64)
+
+  def batch(self, step):
+    out = np.empty(self.shape, np.int32)
+    for w in range(self.shape[0]):
+      rng = np.random.default_rng([self.seed, w, int(self.salt_W[w]), step])
+      out[w] = rng.integers(4, self.vocab_size, self.shape[1:])
+    return out
