@@ -19,7 +19,11 @@ _CORE = [
 
 _EXTRAS = {
     # Data preparation only (invariant 2: training never imports TensorFlow).
-    "data": ["tensorflow-cpu", "tensorflow-datasets", "seqio"],
+    # tensorflow-text (a seqio dependency) needs the `tensorflow` package
+    # itself, not tensorflow-cpu; these pins install together with jax 0.10
+    # and numpy 2 on Python 3.11 (see BUILD_NOTES.md).
+    "data": ["tensorflow==2.21.0", "tensorflow-text==2.21.1",
+             "tensorflow-datasets==4.9.10", "seqio==0.0.20"],
     "test": ["pytest>=8", "pytest-xdist>=3.5"],
     "tpu": ["jax[tpu]"],
     "gcs": ["gcsfs"],

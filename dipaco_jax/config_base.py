@@ -73,6 +73,27 @@ def base_config() -> ml_collections.ConfigDict:
   c.paths.private_embedding = False  # Embedding + head owned by each path.
   c.paths.num_replicas = 1  # DiLoCo workers per path (8 for DiLoCo).
 
+  # --- Dense base model the paths fork from (DiPaCo section 4) ------------
+  c.base = ml_collections.ConfigDict()
+  c.base.num_steps = 0  # Dense pretraining steps; 0 = paths start from init.
+
+  # --- Routing (dipaco_jax.routing), offline, on the first prefix_len tokens
+  c.routing = ml_collections.ConfigDict()
+  c.routing.method = "product_kmeans"  # product_kmeans | kmeans
+  c.routing.features = "base_hidden"  # base_hidden | token_embedding
+  c.routing.train_top_k = 2  # Overlapping shards: each doc to its top-k paths.
+  c.routing.router_fraction = 0.05  # Train docs held out for the router.
+  c.routing.kmeans_iters = 50
+  c.routing.discriminative_steps = 0  # >0: discriminative phase, then these
+  #                                    more inner steps on the new shards.
+  c.routing.replica_shards = "iid"  # DiLoCo replicas: iid | kmeans
+
+  # --- Evaluation ----------------------------------------------------------
+  c.eval = ml_collections.ConfigDict()
+  c.eval.reroute_every = 64  # Also score re-routing every N tokens (0: off).
+  c.eval.early_stopping = False  # Keep each path's best snapshot (paper 2.7)
+  c.eval.holdout_fraction = 0.05  # Share of each shard held out for it.
+
   # --- Inner optimizer: AdamW per worker ---------------------------------
   c.inner_opt = ml_collections.ConfigDict()
   c.inner_opt.name = "adamw"  # adamw | sgd (sgd: for equivalence tests)
@@ -200,6 +221,22 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if h and t.num_steps % h:
     _fail("train.num_steps", f"{t.num_steps} must be a multiple of "
           f"diloco.inner_steps={h}, so training ends on an outer step.")
+  r = config.routing
+  if r.method not in ("product_kmeans", "kmeans"):
+    _fail("routing.method", f"{r.method!r}: use product_kmeans or kmeans.")
+  if r.features not in ("base_hidden", "token_embedding"):
+    _fail("routing.features", f"{r.features!r}: use base_hidden or "
+          "token_embedding.")
+  if r.features == "base_hidden" and config.base.num_steps < 1 and (
+      math.prod(levels) > 1):
+    _fail("routing.features", "base_hidden needs a base model: set "
+          "base.num_steps > 0, or routing.features=token_embedding.")
+  if not 1 <= r.train_top_k <= max(math.prod(levels), 1):
+    _fail("routing.train_top_k", f"{r.train_top_k} must be in [1, paths].")
+  if r.replica_shards not in ("iid", "kmeans"):
+    _fail("routing.replica_shards", "use iid or kmeans.")
+  if not 0.0 <= config.eval.holdout_fraction < 0.5:
+    _fail("eval.holdout_fraction", "must be in [0, 0.5).")
   if t.num_steps < 1 or t.batch_size < 1:
     _fail("train", "num_steps and batch_size must be positive.")
   mesh = resolve_mesh_shape(config, num_devices)

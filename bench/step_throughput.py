@@ -1,0 +1,181 @@
+r"""Inner-step throughput and MFU of the SPMD runtime on the current device.
+
+  python bench/step_throughput.py --paths=1,4 --batch=16 --out=/tmp/tp.json
+
+Defaults are the DiPaCo paper's path shape (12 layers, d_model 896, 16 heads
+of 64, MLP 3584, vocab 32000, sequence 1024). For each P in --paths it times
+the framework's jitted inner step (P workers vmapped, sharded, donated) on
+random tokens already on the device, and, for P = 1, a plain Flax/optax step
+of the same model (jit of value_and_grad + AdamW, nothing else) as the
+reference the framework must not be slower than.
+
+MFU = tokens/s x FLOPs/token / peak, with FLOPs/token = 6 x (parameters
+other than the input embedding table) + 12 x layers x d_model x sequence,
+and peak = 989 TFLOP/s (H100/H200 dense bf16 datasheet).
+"""
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dipaco_jax import config_base
+from dipaco_jax import testing
+from dipaco_jax.diloco import inner as inner_lib
+from dipaco_jax.train import state as state_lib
+
+PEAK_FLOPS = 989e12
+
+
+def make_config(args, num_paths):
+  c = config_base.base_config()
+  c.model.num_layers = args.layers
+  c.model.d_model = args.d_model
+  c.model.num_heads = args.heads
+  c.model.head_dim = args.head_dim
+  c.model.mlp_dim = args.mlp
+  c.model.remat = args.remat
+  c.model.attention = args.attention
+  c.data.seq_len = args.seq
+  c.paths.shape = "1"
+  c.paths.num_replicas = num_paths
+  c.diloco.inner_steps = 1_000_000 if num_paths > 1 else 0
+  c.train.num_steps = 1_000_000
+  c.train.batch_size = args.batch
+  c.inner_opt.learning_rate = 1e-4
+  return c
+
+
+def flops_per_token(runtime, seq):
+  boxed = runtime.boxed_path_params()
+  params = sum(int(np.prod(x.value.shape if hasattr(x, "value") else x.shape))
+               for x in jax.tree.leaves(
+                   boxed, is_leaf=lambda x: hasattr(x, "value")))
+  embedding = runtime.dims.padded_vocab * runtime.dims.d_model
+  d = runtime.dims
+  return 6 * (params - embedding) + 12 * d.num_layers * d.d_model * seq, (
+      params)
+
+
+def _time(fn, steps, warmup):
+  for _ in range(warmup):
+    fn()
+  jax.effects_barrier()
+  out = fn()
+  jax.block_until_ready(out)
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    out = fn()
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t0) / steps
+
+
+def bench_framework(args, num_paths):
+  config = make_config(args, num_paths)
+  runtime = testing.tiny_runtime(config, vocab_size=args.vocab)
+  holder = {"state": runtime.init_state(jax.random.key(0))}
+  rng = np.random.default_rng(0)
+  batch = runtime.worker_rows(rng.integers(
+      0, args.vocab, (num_paths, args.batch, args.seq + 1)).astype(np.int32))
+
+  def step():
+    holder["state"], metrics = runtime.inner_step(holder["state"], batch)
+    return metrics["loss"]
+
+  compiled = runtime.inner_step.jitted.lower(holder["state"], batch).compile()
+  memory = compiled.memory_analysis()
+  seconds = _time(step, args.steps, args.warmup)
+  fpt, params = flops_per_token(runtime, args.seq)
+  tokens = num_paths * args.batch * args.seq
+  out = {"kind": "framework", "paths": num_paths, "batch_per_path":
+         args.batch, "seconds_per_step": seconds,
+         "tokens_per_s": tokens / seconds,
+         "mfu": tokens / seconds * fpt / PEAK_FLOPS,
+         "params_per_path": params, "flops_per_token": fpt}
+  if memory is not None:
+    out["temp_bytes"] = int(getattr(memory, "temp_size_in_bytes", 0))
+  return out, runtime
+
+
+def bench_plain(args, runtime):
+  """The reference: a plain jitted Flax/optax step of the same model."""
+  model = runtime.model
+  params = jax.jit(lambda k: jax.tree.map(
+      lambda x: x.value if hasattr(x, "value") else x,
+      model.init(k, jnp.zeros((1, 8), jnp.int32))["params"],
+      is_leaf=lambda x: hasattr(x, "value")))(jax.random.key(0))
+  tx = inner_lib.inner_optimizer(runtime.config.inner_opt, 1_000_000)
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def plain_step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(
+        lambda p: state_lib.next_token_loss(model, p, batch))(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  batch = jnp.asarray(np.random.default_rng(0).integers(
+      0, args.vocab, (args.batch, args.seq + 1)), jnp.int32)
+  holder = {"p": params, "o": opt_state}
+
+  def step():
+    holder["p"], holder["o"], loss = plain_step(holder["p"], holder["o"],
+                                                batch)
+    return loss
+
+  seconds = _time(step, args.steps, args.warmup)
+  fpt, _ = flops_per_token(runtime, args.seq)
+  tokens = args.batch * args.seq
+  return {"kind": "plain", "paths": 1, "batch_per_path": args.batch,
+          "seconds_per_step": seconds, "tokens_per_s": tokens / seconds,
+          "mfu": tokens / seconds * fpt / PEAK_FLOPS}
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--paths", default="1,4")
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--layers", type=int, default=12)
+  p.add_argument("--d_model", type=int, default=896)
+  p.add_argument("--heads", type=int, default=16)
+  p.add_argument("--head_dim", type=int, default=64)
+  p.add_argument("--mlp", type=int, default=3584)
+  p.add_argument("--vocab", type=int, default=32000)
+  p.add_argument("--seq", type=int, default=1024)
+  p.add_argument("--remat", default="none")
+  p.add_argument("--attention", default="auto")
+  p.add_argument("--steps", type=int, default=20)
+  p.add_argument("--warmup", type=int, default=3)
+  p.add_argument("--out", default="")
+  args = p.parse_args()
+  device = jax.devices()[0].device_kind
+  results = []
+  for num_paths in [int(x) for x in args.paths.split(",")]:
+    row, runtime = bench_framework(args, num_paths)
+    results.append(row)
+    print(json.dumps(row), flush=True)
+    if num_paths == 1:
+      row = bench_plain(args, runtime)
+      results.append(row)
+      print(json.dumps(row), flush=True)
+    del runtime
+  single = [r for r in results if r["kind"] == "framework" and
+            r["paths"] == 1]
+  for r in results:
+    if single and r["kind"] == "framework" and r["paths"] > 1:
+      r["scaling_vs_P_x_single"] = r["tokens_per_s"] / (
+          r["paths"] * single[0]["tokens_per_s"])
+  summary = {"device": device, "jax": jax.__version__, "args": vars(args),
+             "results": results}
+  print(json.dumps(summary, indent=1))
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,22 @@
+r"""DiPaCo 2x2 (4 paths of ~33M parameters) on the stdlib corpus, one GPU.
+
+Command (one H100/H200):
+  python -m dipaco_jax.main --config=experiments/dipaco_2x2.py \
+      --workdir=/tmp/dipaco_2x2
+
+Same model, base and schedule as dipaco_4x4, with 2 experts per level.
+Expected result: see BUILD_NOTES.md ("DiPaCo vs dense").
+"""
+
+import importlib.util
+import pathlib
+
+
+def get_config():
+  path = pathlib.Path(__file__).with_name("dipaco_4x4.py")
+  spec = importlib.util.spec_from_file_location("dipaco_4x4", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  c.paths.shape = "2x2"
+  return c

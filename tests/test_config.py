@@ -1,0 +1,75 @@
+"""Config validation: bad configs fail before compute, naming the field."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from dipaco_jax import config_base
+from dipaco_jax import testing
+
+_EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("paths.shape", "2y2", "paths.shape"),
+    ("paths.shape", "3x3", "paths.shape"),  # 2 levels but... 4 layers ok? no:
+    ("paths.layers_per_level", "1,2", "paths.layers_per_level"),
+    ("paths.private_layers", "0,9", "paths.private_layers"),
+    ("diloco.inner_steps", -1, "diloco.inner_steps"),
+    ("model.attention", "flash", "model.attention"),
+    ("data.seq_len", 16, "data.seq_len"),
+    ("train.batch_size", 7, "train.batch_size"),
+    ("train.num_steps", 9, "train.num_steps"),
+    ("data.corpus", "wiki", "data.corpus"),
+    ("inner_opt.name", "lion", "inner_opt.name"),
+])
+def test_bad_fields_are_named(field, value, match):
+  config = testing.tiny_config("2x2", inner_steps=4, num_steps=8)
+  section, key = field.split(".")
+  config[section][key] = value
+  if field == "paths.shape" and value == "3x3":
+    config.model.num_layers = 5  # 2 levels cannot split 5 layers evenly
+  with pytest.raises(config_base.ConfigError, match=match):
+    config_base.validate(config, num_devices=8)
+
+
+def test_workers_without_sync_are_rejected():
+  config = testing.tiny_config("1", replicas=8, inner_steps=0)
+  with pytest.raises(config_base.ConfigError, match="H > 0"):
+    config_base.validate(config, num_devices=8)
+
+
+def test_mesh_must_divide_devices_and_workers():
+  config = testing.tiny_config("2x2", inner_steps=4)
+  config.mesh.path = 8
+  config.mesh.data = 1
+  with pytest.raises(config_base.ConfigError, match="mesh.path"):
+    config_base.validate(config, num_devices=8)
+  config.mesh.path = 3
+  with pytest.raises(config_base.ConfigError, match="mesh"):
+    config_base.validate(config, num_devices=8)
+
+
+def test_unknown_keys_are_rejected_by_the_locked_config():
+  config = testing.tiny_config()
+  config.lock()
+  with pytest.raises(AttributeError):
+    config.model.num_layer = 3  # typo of num_layers
+
+
+def test_auto_mesh_puts_workers_on_the_path_axis():
+  config = testing.tiny_config("2x2", inner_steps=4)
+  assert config_base.resolve_mesh_shape(config, 8) == {
+      "path": 4, "data": 2, "fsdp": 1, "tensor": 1}
+
+
+@pytest.mark.parametrize("path", sorted(_EXPERIMENTS.glob("*.py")),
+                         ids=lambda p: p.stem)
+def test_every_experiment_config_validates(path):
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  assert module.__doc__ and "python -m dipaco_jax.main" in module.__doc__
+  config_base.validate(config, num_devices=1)

@@ -1,0 +1,97 @@
+"""Training loop: resume exactness, non-finite stop, hash checks."""
+
+import jax
+import numpy as np
+import pytest
+
+from dipaco_jax import testing
+from dipaco_jax.train import checkpoint as ckpt_lib
+from dipaco_jax.train import loop
+from dipaco_jax.train import metrics as metrics_lib
+
+
+class Preempted(Exception):
+  pass
+
+
+def _preempt_after(step_to_die):
+  def hook(step, state, losses):
+    del state, losses
+    if step == step_to_die:
+      raise Preempted(step)
+  return hook
+
+
+def _losses(run_dir):
+  rows = metrics_lib.read_jsonl(run_dir / "logs" / "train" / "metrics.jsonl")
+  by_step = {}
+  for r in rows:  # A resumed run logs its steps again; the last one wins.
+    by_step[r["step"]] = r["loss"]
+  return by_step
+
+
+@pytest.mark.parametrize("shape,replicas", [("2x2", 1), ("1", 2)])
+def test_resume_in_the_middle_of_a_round_is_exact(tmp_path, shape, replicas):
+  config = testing.tiny_config(shape, replicas=replicas, inner_steps=4,
+                               num_steps=12)
+  config.train.log_every = 1
+  config.ckpt.every = 6  # Mid-round: rounds end at 4, 8, 12.
+  workers = 4 if shape == "2x2" else 2
+  data = testing.RandomBatches(workers, 8, config.data.seq_len)
+
+  runtime = testing.tiny_runtime(config)
+  straight = loop.train(runtime, data, str(tmp_path / "straight"), {"h": "1"},
+                        "straight")
+
+  runtime = testing.tiny_runtime(config)
+  with pytest.raises(Preempted):
+    loop.train(runtime, data, str(tmp_path / "resumed"), {"h": "1"}, "r",
+               hooks=[_preempt_after(8)])
+  runtime = testing.tiny_runtime(config)
+  resumed = loop.train(runtime, data, str(tmp_path / "resumed"), {"h": "1"},
+                       "r")
+  assert resumed.resumed_from == 6
+  for a, b in zip(jax.tree.leaves(jax.device_get(straight.state)),
+                  jax.tree.leaves(jax.device_get(resumed.state))):
+    np.testing.assert_array_equal(a, b)
+  want, got = _losses(tmp_path / "straight"), _losses(tmp_path / "resumed")
+  assert sorted(want) == list(range(1, 13))
+  for step in range(7, 13):
+    assert got[step] == want[step], step
+
+
+def test_resume_with_other_hashes_is_a_clear_error(tmp_path):
+  config = testing.tiny_config(num_steps=2)
+  data = testing.RandomBatches(1, 8, config.data.seq_len)
+  config.train.num_steps = 2
+  loop.train(testing.tiny_runtime(config), data, str(tmp_path), {"corpus": "a"},
+             "x")
+  config.train.num_steps = 4
+  with pytest.raises(ckpt_lib.CheckpointMismatchError, match="corpus"):
+    loop.train(testing.tiny_runtime(config), data, str(tmp_path),
+               {"corpus": "b"}, "x")
+
+
+def test_non_finite_loss_stops_with_the_step(tmp_path):
+  config = testing.tiny_config(num_steps=6)
+  config.inner_opt.learning_rate = 1e30
+  config.inner_opt.warmup_steps = 0
+  config.inner_opt.grad_clip = 0.0
+  data = testing.RandomBatches(1, 8, config.data.seq_len)
+  with pytest.raises(FloatingPointError, match="Non-finite loss at step"):
+    loop.train(testing.tiny_runtime(config), data, str(tmp_path), {}, "x")
+
+
+def test_losses_decrease_on_learnable_data(tmp_path):
+  config = testing.tiny_config(num_steps=30)
+  config.inner_opt.learning_rate = 1e-2
+
+  class Repeating:  # Every row is the same short cycle: easy to learn.
+    def batch(self, step):
+      del step
+      row = np.tile(np.arange(4, 14), 5)[:config.data.seq_len + 1]
+      return np.broadcast_to(row, (1, 8, row.size)).astype(np.int32)
+
+  result = loop.train(testing.tiny_runtime(config), Repeating(),
+                      str(tmp_path), {}, "x")
+  assert result.final_losses_W[0] < 0.5
