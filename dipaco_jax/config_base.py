@@ -231,8 +231,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
       math.prod(levels) > 1):
     _fail("routing.features", "base_hidden needs a base model: set "
           "base.num_steps > 0, or routing.features=token_embedding.")
-  if not 1 <= r.train_top_k <= max(math.prod(levels), 1):
-    _fail("routing.train_top_k", f"{r.train_top_k} must be in [1, paths].")
+  if r.train_top_k < 1:
+    _fail("routing.train_top_k", f"{r.train_top_k} must be >= 1 (it is "
+          "capped at the number of paths).")
   if r.replica_shards not in ("iid", "kmeans"):
     _fail("routing.replica_shards", "use iid or kmeans.")
   if not 0.0 <= config.eval.holdout_fraction < 0.5:
