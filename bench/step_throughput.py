@@ -40,6 +40,7 @@ def make_config(args, num_paths):
   c.model.mlp_dim = args.mlp
   c.model.remat = args.remat
   c.model.attention = args.attention
+  c.model.scan_layers = args.scan
   c.data.seq_len = args.seq
   c.paths.shape = "1"
   c.paths.num_replicas = num_paths
@@ -148,6 +149,8 @@ def main():
   p.add_argument("--seq", type=int, default=1024)
   p.add_argument("--remat", default="none")
   p.add_argument("--attention", default="auto")
+  p.add_argument("--scan", type=int, default=1, help="scan over layers")
+  p.add_argument("--no_plain", action="store_true")
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--out", default="")
@@ -158,7 +161,7 @@ def main():
     row, runtime = bench_framework(args, num_paths)
     results.append(row)
     print(json.dumps(row), flush=True)
-    if num_paths == 1:
+    if num_paths == 1 and not args.no_plain:
       row = bench_plain(args, runtime)
       results.append(row)
       print(json.dumps(row), flush=True)
