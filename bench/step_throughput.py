@@ -40,7 +40,7 @@ def make_config(args, num_paths):
   c.model.mlp_dim = args.mlp
   c.model.remat = args.remat
   c.model.attention = args.attention
-  c.model.scan_layers = args.scan
+  c.model.scan_layers = bool(args.scan)
   c.data.seq_len = args.seq
   c.paths.shape = "1"
   c.paths.num_replicas = num_paths
