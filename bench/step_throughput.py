@@ -41,6 +41,7 @@ def make_config(args, num_paths):
   c.model.remat = args.remat
   c.model.attention = args.attention
   c.model.scan_layers = bool(args.scan)
+  c.model.scan_unroll = args.unroll
   c.data.seq_len = args.seq
   c.paths.shape = "1"
   c.paths.num_replicas = num_paths
@@ -150,6 +151,7 @@ def main():
   p.add_argument("--remat", default="none")
   p.add_argument("--attention", default="auto")
   p.add_argument("--scan", type=int, default=1, help="scan over layers")
+  p.add_argument("--unroll", type=int, default=0, help="0: full unroll")
   p.add_argument("--no_plain", action="store_true")
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--warmup", type=int, default=3)

@@ -62,7 +62,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "bfloat16"  # Compute dtype; parameters stay float32.
   c.model.attention = "auto"  # auto (cudnn on GPU, xla elsewhere)|xla|cudnn
   c.model.remat = "none"  # none | full | dots (save matmul outputs)
-  c.model.scan_layers = True  # lax.scan over the layers of a segment.
+  c.model.scan_layers = True  # Stack each segment's layers on one axis.
+  c.model.scan_unroll = 0  # Layers per scan iteration; 0 = fully unrolled
+  #                          (fastest step), 1 = rolled (fastest compile).
   c.model.init_std = 0.02
 
   # --- Paths: the module bank (dipaco_jax.paths) ------------------------

@@ -239,6 +239,11 @@ def test_encode_documents(tok):
                                 [len(tok.encode(t)) + 1 for t in texts])
   with pytest.raises(ValueError, match='Document 0 has token id'):
     token_store.encode_documents(tok, texts, vocab_size_check=10)
+  # Worker processes give the same ids as one process.
+  many = [f'{_CODE} {i}\n' * (i % 7) for i in range(50)]
+  serial = token_store.encode_documents(tok, many, num_workers=1)
+  parallel = token_store.encode_documents(tok, many, num_workers=2)
+  assert parallel.sha256() == serial.sha256()
 
 
 def test_token_docs_save_load_subset_prefixes(tmp_path):

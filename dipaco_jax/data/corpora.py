@@ -280,7 +280,7 @@ def text_files_documents(
   base, paths = _glob(pattern)
   if not paths:
     raise ValueError(f'No files match the pattern {pattern!r}. Check the '
-                     'path (config.data.text_files_pattern).')
+                     'path (config.data.text_glob).')
   by_rel = {}
   for path in paths:
     if path.suffix not in ('.txt', '.jsonl'):

@@ -12,11 +12,14 @@ import hashlib
 import io
 import multiprocessing
 import os
+import sys
 from typing import Sequence
 import zipfile
 
 from etils import epath
 import numpy as np
+
+from dipaco_jax.data import tokenizer as tokenizer_lib
 
 
 @dataclasses.dataclass
@@ -156,7 +159,6 @@ _worker_tokenizer = None
 
 def _init_worker(model_proto: bytes) -> None:
   global _worker_tokenizer
-  from dipaco_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   _worker_tokenizer = tokenizer_lib.Tokenizer(model_proto)
 
 
@@ -185,6 +187,11 @@ def _encode_all(tokenizer, texts: list[str],
     num_workers = min(os.cpu_count() or 1, 16)
     if total_chars < _PARALLEL_MIN_CHARS:
       num_workers = 1
+  # 'spawn' re-runs the parent's main file in each worker; a main read from
+  # stdin has none and its workers die at start, so stay serial there.
+  main_file = getattr(sys.modules.get('__main__'), '__file__', None)
+  if main_file is not None and not os.path.exists(main_file):
+    num_workers = 1
   if num_workers <= 1 or len(texts) < 2:
     return tokenizer.encode_batch(texts, num_threads=1)
   chunks, current, size = [], [], 0
@@ -240,6 +247,7 @@ def encode_documents(tokenizer, texts: Sequence[str],
       raise ValueError(
           f'Document {doc} has token id {int(tokens[bad[0]])} >= vocab size '
           f'{vocab_size_check} (the tokenizer has {tokenizer.vocab_size} '
-          'pieces). Set config.model.vocab_size (or config.data.vocab_size) '
-          'to at least the tokenizer size, or retrain the tokenizer.')
+          'pieces): the tokenizer does not match the model. Set '
+          'config.data.vocab_size to the tokenizer size, or use a tokenizer '
+          '(config.data.tokenizer_model) with at most that many pieces.')
   return TokenDocs(tokens, offsets)

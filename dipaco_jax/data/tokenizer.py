@@ -83,7 +83,7 @@ class Tokenizer:
     except (OSError, FileNotFoundError) as e:
       raise ValueError(
           f'Cannot read the tokenizer model {path} ({e}). Check '
-          'config.data.tokenizer_path, or leave it empty to train one.') from e
+          'config.data.tokenizer_model, or leave it empty to train one.') from e
     try:
       return cls(data, model_path=os.fspath(path))
     except RuntimeError as e:

@@ -27,6 +27,7 @@ class ModelDims:
   attention: str = "xla"  # xla | cudnn (resolved, never 'auto')
   remat: str = "none"
   scan_layers: bool = True
+  scan_unroll: int = 0  # Layers per loop iteration; 0 = fully unrolled.
   init_std: float = 0.02
 
   @property
@@ -57,6 +58,7 @@ def dims_from_config(model_config, vocab_size: int) -> ModelDims:
       attention=attention,
       remat=model_config.remat,
       scan_layers=model_config.scan_layers,
+      scan_unroll=model_config.scan_unroll,
       init_std=model_config.init_std)
 
 
