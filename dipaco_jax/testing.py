@@ -28,6 +28,7 @@ def tiny_config(shape="1x1", replicas=1, inner_steps=0, num_steps=8):
   c.train.num_steps = num_steps
   c.train.batch_size = 8
   c.inner_opt.warmup_steps = 2
+  c.routing.features = "token_embedding"  # No base model in unit tests.
   return c
 
 
