@@ -172,8 +172,11 @@ def main():
             r["paths"] == 1]
   for r in results:
     if single and r["kind"] == "framework" and r["paths"] > 1:
-      r["scaling_vs_P_x_single"] = r["tokens_per_s"] / (
-          r["paths"] * single[0]["tokens_per_s"])
+      # P paths take P x the work of one: on one device, perfect scaling is
+      # a step P times as long, i.e. the same tokens/s as a single path.
+      r["vmap_efficiency"] = r["tokens_per_s"] / single[0]["tokens_per_s"]
+      r["step_time_over_P_x_single"] = r["seconds_per_step"] / (
+          r["paths"] * single[0]["seconds_per_step"])
   summary = {"device": device, "jax": jax.__version__, "args": vars(args),
              "results": results}
   print(json.dumps(summary, indent=1))
