@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -221,8 +222,14 @@ def test_seqio_vocabulary_needs_extra(tok):
     assert vocab.vocab_size >= tok.vocab_size
 
 
-def test_no_tensorflow_imported():
-  assert 'tensorflow' not in sys.modules
+def test_training_never_imports_tensorflow():
+  """DESIGN invariant 2, checked in a fresh interpreter: other tests in this
+  process may have imported seqio (and with it TensorFlow)."""
+  code = ('import sys; import dipaco_jax.pipeline, dipaco_jax.train.loop, '
+          'dipaco_jax.data.batches, dipaco_jax.data.tokenizer; '
+          'assert "tensorflow" not in sys.modules, "tensorflow imported"')
+  subprocess.run([sys.executable, '-c', code], check=True,
+                 env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
 
 
 # ------------------------------------------------------------ token store
