@@ -1,16 +1,26 @@
 """The main job's stages, each cached in the workdir.
 
-  data      corpus -> tokenizer -> token documents   ({workdir}/data)
-  shards    documents per worker + manifest          ({workdir}/shards/NAME)
-  train     SPMD training, checkpoints, metrics      ({workdir}/runs/NAME)
-  eval      validation loss / perplexity             ({workdir}/results.json)
-  report    table on stdout, plots                   ({workdir}/plots)
+  data      corpus -> tokenizer -> token documents     {workdir}/data
+  base      dense pretraining the paths fork from      {workdir}/runs/base
+  router    prefix features -> (product) k-means       {workdir}/router
+  shards    documents per worker + manifest            {workdir}/shards/NAME
+  train     SPMD training, checkpoints, metrics        {workdir}/runs/NAME
+  eval      routed / dense perplexity, same tokens     {workdir}/results.json
+  report    table on stdout, plots                     {workdir}/plots
 
-A finished stage is reused when the workdir is run again; an interrupted
-training run resumes from its latest checkpoint.
+A finished stage is reused when the same workdir is run again; an
+interrupted training run resumes from its latest checkpoint.
+
+One path (dense, or DiLoCo with `paths.num_replicas` > 1) skips routing;
+more paths run the DiPaCo pipeline: base -> router -> top-k shards -> paths
+forked from the base -> (discriminative phase) -> routed evaluation against
+the dense baseline continued from the same base for the same steps.
 """
 
+import copy
+import hashlib
 import json
+import math
 import time
 
 from absl import logging
@@ -24,10 +34,13 @@ from dipaco_jax import report as report_lib
 from dipaco_jax.data import batches as batches_lib
 from dipaco_jax.data import prepare
 from dipaco_jax.data import shards as shards_lib
-from dipaco_jax.eval import perplexity
+from dipaco_jax.eval import early_stopping as early_stopping_lib
+from dipaco_jax.eval import routed
+from dipaco_jax.model import bank as bank_lib
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
-from dipaco_jax.train import checkpoint as ckpt_lib
+from dipaco_jax.routing import features as features_lib
+from dipaco_jax.routing import router as router_lib
 from dipaco_jax.train import loop
 from dipaco_jax.train import state as state_lib
 
@@ -35,18 +48,28 @@ from dipaco_jax.train import state as state_lib
 def training_hash(config) -> str:
   """Hash of what determines the training numbers (not logging/ckpt)."""
   keep = config.to_dict()
-  keep.pop("ckpt", None)
+  for section in ("ckpt", "eval"):
+    keep.pop(section, None)
   keep["train"] = {k: v for k, v in keep["train"].items()
                    if k not in ("log_every", "eval_batch_size")}
   keep["data"] = {k: v for k, v in keep["data"].items() if k != "prefetch"}
-  import hashlib  # pylint: disable=g-import-not-at-top
   return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()
                         ).hexdigest()[:16]
 
 
-def iid_shards(num_docs: int, num_shards: int, seed: int) -> list:
+def derive_config(config, **overrides):
+  """A copy of `config` with dotted-path overrides ('train.num_steps')."""
+  out = copy.deepcopy(config)
+  out.unlock()
+  for dotted, value in overrides.items():
+    section, key = dotted.split(".")
+    out[section][key] = value
+  return out
+
+
+def iid_shards(doc_ids: np.ndarray, num_shards: int, seed: int) -> list:
   """Documents dealt round-robin after a seeded shuffle (DiLoCo i.i.d.)."""
-  order = np.random.default_rng([seed, 7]).permutation(num_docs)
+  order = np.random.default_rng([seed, 7]).permutation(doc_ids)
   return [np.sort(order[w::num_shards]) for w in range(num_shards)]
 
 
@@ -54,18 +77,26 @@ def make_shards(workdir, name, docs, doc_indices_per_shard, hashes):
   """Writes (or reuses) a shard set; returns its directory and manifest."""
   directory = epath.Path(workdir) / "shards" / name
   manifest = shards_lib.read_manifest(str(directory))
-  if manifest is not None and manifest["hashes"] == hashes:
+  if manifest is not None and manifest["hashes"] == hashes and (
+      manifest["num_shards"] == len(doc_indices_per_shard)):
     return directory, manifest
   manifest = shards_lib.write_shards(str(directory), docs,
                                      doc_indices_per_shard, hashes)
   return directory, manifest
 
 
-class Experiment:
-  """A training run of one topology on one shard set."""
+def split_router_docs(num_docs: int, fraction: float, seed: int):
+  """Training documents for paths, and a held-out set for the router."""
+  order = np.random.default_rng([seed, 11]).permutation(num_docs)
+  num_router = int(round(num_docs * fraction))
+  return np.sort(order[num_router:]), np.sort(order[:num_router])
 
-  def __init__(self, config, data: prepare.DataBundle, workdir: str,
-               name: str, shard_dir, manifest: dict):
+
+class Experiment:
+  """One training run: a topology, its shards, its run directory."""
+
+  def __init__(self, config, data: prepare.DataBundle, workdir, name: str,
+               shard_dir, manifest: dict):
     self.config, self.data, self.name = config, data, name
     self.run_dir = epath.Path(workdir) / "runs" / name
     self.topology = paths_lib.topology_from_config(config)
@@ -73,15 +104,19 @@ class Experiment:
     if manifest["num_shards"] != self.topology.num_workers:
       raise ValueError(f"{name}: {manifest['num_shards']} shards for "
                        f"{self.topology.num_workers} workers.")
-    weights_W = np.array([s["num_tokens"] for s in manifest["shards"]],
-                         np.float64)
+    self.weights_W = np.array([s["num_tokens"] for s in manifest["shards"]],
+                              np.float64)
     self.dims = layers.dims_from_config(config.model, data.vocab_size)
     self.mesh = mesh_lib.make_mesh(config)
     self.runtime = state_lib.Runtime(config, self.topology, self.dims,
-                                     self.mesh, weights_W)
+                                     self.mesh, self.weights_W)
     self.hashes = {"config": training_hash(config), **data.hashes,
                    **{f"shards_{k}": v for k, v in manifest["hashes"].items()
                       if k not in data.hashes}}
+
+  @property
+  def model(self):
+    return self.runtime.model
 
   def batches(self):
     rows = [batches_lib.pack_rows(
@@ -90,68 +125,403 @@ class Experiment:
     return batches_lib.StackedBatches(rows, self.config.seed,
                                       self.config.train.batch_size)
 
-  def train(self, init_bank=None) -> loop.TrainResult:
+  def train(self, init_bank=None, after_outer_step=()) -> loop.TrainResult:
     print(f"[{self.name}] {self.topology.describe()}\n[{self.name}] mesh "
           f"{mesh_lib.describe(self.mesh)}", flush=True)
     return loop.train(self.runtime, self.batches(), str(self.run_dir),
-                      self.hashes, self.name, init_bank=init_bank)
+                      self.hashes, self.name, init_bank=init_bank,
+                      after_outer_step=after_outer_step)
 
   def eval_bank(self, state):
-    """The modules to evaluate: the outer bank, or, when workers never
+    """The modules to evaluate: the outer bank or, when workers never
     synchronize (dense, H = 0), the single worker's parameters."""
     if self.config.diloco.inner_steps:
       return state["outer_params"]
     return state["inner_params"]
 
-  def evaluate(self, bank, docs, path: int = 0) -> dict:
-    """Loss/perplexity of one path over all documents of `docs`."""
-    windows = batches_lib.eval_windows(docs, self.config.data.seq_len,
-                                       self.config.data.prefix_len)
-    params = jax.device_get(self.runtime.path_params(bank, path))
-    nll, count = perplexity.window_nll(self.runtime.model, params, windows,
-                                       self.config.train.eval_batch_size)
-    return perplexity.summarize(nll.sum(), count.sum())
+  def path_params(self, state, path: int = 0):
+    return jax.device_get(self.runtime.path_params(self.eval_bank(state),
+                                                   path))
+
+  def bytes_communicated(self) -> int:
+    """Outer syncs x workers x (module deltas up + parameters down), f32."""
+    h = self.config.diloco.inner_steps
+    if not h or self.topology.num_workers == 1:
+      return 0
+    path_bytes = sum(int(np.prod(x.shape)) * 4 for x in jax.tree.leaves(
+        self.runtime.abstract_state["inner_params"])) // (
+            self.topology.num_workers)
+    syncs = self.config.train.num_steps // h
+    return 2 * syncs * self.topology.num_workers * path_bytes
 
 
-def run_dense(config, workdir: str) -> dict:
-  """The foundation job: data -> shards -> train -> eval -> report."""
-  t0 = time.time()
+def _score(layout, model, params, config) -> dict:
+  nll = routed.token_nll(model, params, layout, config.train.eval_batch_size)
+  return routed.summary(nll.sum(), layout.windows["weights"].sum())
+
+
+def _prepare(config, workdir):
   workdir = epath.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=1))
-  data = prepare.prepare_data(config.data, str(workdir), config.seed)
-  topology = paths_lib.topology_from_config(config)
-  train_docs = data.docs["train"]
-  shard_dir, manifest = make_shards(
-      workdir, "main", train_docs,
-      iid_shards(len(train_docs), topology.num_workers, config.seed),
-      {**data.hashes, "router": "iid"})
-  exp = Experiment(config, data, str(workdir), "main", shard_dir, manifest)
+  return workdir, prepare.prepare_data(config.data, str(workdir), config.seed)
+
+
+def _train_base(config, data, workdir, doc_ids):
+  """Dense pretraining on `doc_ids`; returns (experiment, path params)."""
+  base_cfg = derive_config(
+      config, **{"paths.shape": "1", "paths.num_replicas": 1,
+                 "paths.private_layers": "", "paths.layers_per_level": "",
+                 "paths.private_embedding": False, "diloco.inner_steps": 0,
+                 "train.num_steps": config.base.num_steps})
+  shard_dir, manifest = make_shards(workdir, "base", data.docs["train"],
+                                    [doc_ids], {**data.hashes,
+                                                "router": "none"})
+  exp = Experiment(base_cfg, data, workdir, "base", shard_dir, manifest)
   result = exp.train()
-  metrics = exp.evaluate(exp.eval_bank(result.state),
-                         data.docs["validation"])
+  return exp, exp.path_params(result.state)
+
+
+def run_single_path(config, workdir) -> dict:
+  """Dense training, or DiLoCo over `paths.num_replicas` replicas."""
+  t0 = time.time()
+  workdir, data = _prepare(config, workdir)
+  topology = paths_lib.topology_from_config(config)
+  train_ids = np.arange(len(data.docs["train"]))
+  init_bank, base_exp, base_params = None, None, None
+  if config.base.num_steps > 0:
+    base_exp, base_params = _train_base(config, data, workdir, train_ids)
+    init_bank = bank_lib.path_params_to_bank(base_params, base_exp.topology,
+                                             topology)
+  shard_ids, router_hash = _replica_shards(config, data, topology, train_ids,
+                                           base_exp, base_params)
+  shard_dir, manifest = make_shards(workdir, "main", data.docs["train"],
+                                    shard_ids, {**data.hashes,
+                                                "router": router_hash})
+  exp = Experiment(config, data, workdir, "main", shard_dir, manifest)
+  result = exp.train(init_bank)
+  layout = routed.make_layout(data.docs["validation"], config.data.seq_len,
+                              config.data.prefix_len)
+  metrics = _score(layout, exp.model, exp.path_params(result.state), config)
+  name = "dense" if topology.num_workers == 1 else (
+      f"diloco x{topology.num_workers}")
   results = {
-      "validation": metrics,
-      "train": {"steps": result.steps,
-                "tokens_per_s": result.tokens_per_s,
-                "final_loss": float(np.mean(result.final_losses_W))
-                if result.final_losses_W.size else None,
-                "workers": topology.num_workers},
-      "data": {s: {"documents": len(d), "tokens": d.num_tokens}
-               for s, d in data.docs.items()},
+      "kind": "single_path",
+      "models": {name: metrics},
+      "train": _train_summary(exp, result),
+      "data": _data_summary(data),
       "wall_seconds": time.time() - t0,
   }
-  (workdir / "results.json").write_text(json.dumps(results, indent=1))
-  report_lib.plot_losses(workdir, ["main"])
-  print(report_lib.dense_table(results), flush=True)
-  logging.info("Wrote %s", workdir / "results.json")
+  _write_results(workdir, results, ["base", "main"] if base_exp else ["main"])
   return results
 
 
-def check_config(config) -> None:
-  config_base.validate(config, jax.device_count())
+def _replica_shards(config, data, topology, train_ids, base_exp,
+                    base_params):
+  """Shards of the workers of a single path: i.i.d., or k-means clusters
+  (DiLoCo's non-i.i.d. setting)."""
+  w = topology.num_workers
+  if w == 1 or config.routing.replica_shards == "iid":
+    return iid_shards(train_ids, w, config.seed), "iid"
+  docs = data.docs["train"].subset(train_ids)
+  if base_params is not None:
+    feats = _features(config, docs, base_exp, base_params)
+  else:  # No base model: the initial embedding's prefix means.
+    init = bank_lib.bank_path(jax.device_get(_fresh_bank(config, data, None)),
+                              topology, 0)
+    feats = features_lib.prefix_features(None, init, docs,
+                                         config.data.prefix_len,
+                                         "token_embedding")
+  router = router_lib.fit_generative(config.seed, feats, (w,), "kmeans",
+                                     config.routing.kmeans_iters)
+  assign = router.top_k(feats, 1)[:, 0]
+  return [train_ids[assign == k] for k in range(w)], router.sha256()
+
+
+def _features(config, docs, base_exp, base_params, init_params=None):
+  """Prefix features from the base model (or token embeddings)."""
+  if config.routing.features == "base_hidden":
+    return features_lib.prefix_features(
+        base_exp.model, base_params, docs, config.data.prefix_len,
+        "base_hidden", config.train.eval_batch_size)
+  params = base_params if base_params is not None else init_params
+  return features_lib.prefix_features(None, params, docs,
+                                      config.data.prefix_len,
+                                      "token_embedding")
+
+
+def _path_shards(router, feats, doc_ids, top_k, num_paths):
+  top = router.top_k(feats, top_k)
+  return [doc_ids[np.any(top == p, axis=1)] for p in range(num_paths)]
+
+
+def _holdout(shard_ids: list, fraction: float, seed: int):
+  """Splits each shard into (train, held out) for per-path early stopping."""
+  train, held = [], []
+  for p, ids in enumerate(shard_ids):
+    order = np.random.default_rng([seed, 13, p]).permutation(ids)
+    n = max(1, int(round(len(ids) * fraction))) if fraction > 0 else 0
+    held.append(np.sort(order[:n]))
+    train.append(np.sort(order[n:]))
+  return train, held
+
+
+def run_dipaco(config, workdir) -> dict:
+  """The DiPaCo pipeline (module docstring)."""
+  t0 = time.time()
+  workdir, data = _prepare(config, workdir)
+  topology = paths_lib.topology_from_config(config)
+  num_paths, ks = topology.num_paths, topology.level_sizes
+  train_docs = data.docs["train"]
+  path_ids, router_ids = split_router_docs(
+      len(train_docs), config.routing.router_fraction, config.seed)
+
+  # Base model, then routing features of every document's prefix.
+  base_exp, base_params = None, None
+  if config.base.num_steps > 0:
+    base_exp, base_params = _train_base(config, data, workdir, path_ids)
+  init_params = None
+  if base_params is None:  # Route on the (shared) initial embedding.
+    init_params = bank_lib.bank_path(
+        jax.device_get(_fresh_bank(config, data, workdir)), topology, 0)
+  feats = {name: _features(config, docs, base_exp, base_params, init_params)
+           for name, docs in (("paths", train_docs.subset(path_ids)),
+                              ("router", train_docs.subset(router_ids)),
+                              ("validation", data.docs["validation"]))}
+
+  router_path = workdir / "router" / "generative.npz"
+  router = router_lib.fit_generative(config.seed, feats["paths"], ks,
+                                     config.routing.method,
+                                     config.routing.kmeans_iters)
+  router.save(router_path)
+  print(f"[router] {router.kind} {'x'.join(map(str, ks))} on "
+        f"{len(path_ids):,} prefixes of {config.data.prefix_len} tokens",
+        flush=True)
+
+  init_bank = (bank_lib.path_params_to_bank(base_params, base_exp.topology,
+                                            topology)
+               if base_params is not None else None)
+  exp, result, stopper = _train_paths(
+      config, data, workdir, "dipaco", router, feats["paths"], path_ids,
+      init_bank)
+
+  disc_info = None
+  if config.routing.discriminative_steps > 0:
+    router, disc_info = _discriminative(config, data, exp, result, stopper,
+                                        router, feats, router_ids)
+    router.save(workdir / "router" / "discriminative.npz")
+    disc_cfg = derive_config(config, **{
+        "train.num_steps": config.routing.discriminative_steps})
+    exp, result, stopper = _train_paths(
+        disc_cfg, data, workdir, "dipaco_discriminative", router,
+        feats["paths"], path_ids, jax.device_get(exp.eval_bank(result.state)))
+
+  # Dense baseline: the same base, the same steps and batch as one path.
+  dense_cfg = derive_config(
+      config, **{"paths.shape": "1", "paths.num_replicas": 1,
+                 "paths.private_layers": "", "paths.layers_per_level": "",
+                 "paths.private_embedding": False, "diloco.inner_steps": 0,
+                 "train.num_steps": config.train.num_steps + max(
+                     config.routing.discriminative_steps, 0)})
+  shard_dir, manifest = make_shards(workdir, "dense", train_docs, [path_ids],
+                                    {**data.hashes, "router": "none"})
+  dense_exp = Experiment(dense_cfg, data, workdir, "dense", shard_dir,
+                         manifest)
+  dense_init = (bank_lib.path_params_to_bank(base_params, base_exp.topology,
+                                             dense_exp.topology)
+                if base_params is not None else None)
+  dense_result = dense_exp.train(dense_init)
+
+  results = _evaluate_dipaco(config, data, exp, result, stopper, router,
+                             feats["validation"], base_exp, base_params,
+                             init_params, dense_exp, dense_result)
+  results.update({
+      "kind": "dipaco",
+      "router": {"kind": router.kind, "train_top_k": min(
+          config.routing.train_top_k, num_paths),
+                 "router_documents": int(len(router_ids)),
+                 "discriminative": disc_info},
+      "train": _train_summary(exp, result),
+      "dense_train": _train_summary(dense_exp, dense_result),
+      "data": _data_summary(data),
+      "wall_seconds": time.time() - t0,
+  })
+  runs = (["base"] if base_exp else []) + [exp.name, "dense"]
+  _write_results(workdir, results, runs)
+  return results
+
+
+def _fresh_bank(config, data, workdir):
+  """The initial (random) module bank, for routing without a base."""
+  del workdir
+  topology = paths_lib.topology_from_config(config)
+  runtime = state_lib.Runtime(config, topology, layers.dims_from_config(
+      config.model, data.vocab_size), mesh_lib.make_mesh(config),
+                              np.ones(topology.num_workers))
+  return runtime.init_state(jax.random.key(config.seed))["outer_params"]
+
+
+def _train_paths(config, data, workdir, name, router, feats, path_ids,
+                 init_bank):
+  """Top-k shards by `router`, optional early-stopping holdout, training."""
+  topology = paths_lib.topology_from_config(config)
+  shard_ids = _path_shards(router, feats, path_ids,
+                           config.routing.train_top_k, topology.num_paths)
+  held = None
+  if config.eval.early_stopping:
+    shard_ids, held = _holdout(shard_ids, config.eval.holdout_fraction,
+                               config.seed)
+  empty = [p for p, ids in enumerate(shard_ids) if len(ids) == 0]
+  if empty:
+    raise ValueError(f"Paths {empty} got no training documents; use fewer "
+                     "paths (config.paths.shape), more data, or a higher "
+                     "config.routing.train_top_k.")
+  shard_dir, manifest = make_shards(workdir, name, data.docs["train"],
+                                    shard_ids, {**data.hashes,
+                                                "router": router.sha256()})
+  exp = Experiment(config, data, workdir, name, shard_dir, manifest)
+  stopper, callbacks = None, ()
+  if held is not None:
+    stopper = early_stopping_lib.EarlyStopping(
+        exp.runtime, [data.docs["train"].subset(h) for h in held],
+        exp.run_dir / "early_stopping", config.data.seq_len,
+        config.data.prefix_len, config.train.eval_batch_size)
+    callbacks = (stopper,)
+  result = exp.train(init_bank, after_outer_step=callbacks)
+  return exp, result, stopper
+
+
+def _path_params_for_eval(exp, state, stopper, path):
+  params = exp.path_params(state, path)
+  if stopper is not None and str(path) in stopper.best:
+    return stopper.best_params(path, params)
+  return params
+
+
+def _nll_all_paths(exp, state, stopper, layout, config):
+  return np.stack([routed.token_nll(
+      exp.model, _path_params_for_eval(exp, state, stopper, p), layout,
+      config.train.eval_batch_size) for p in range(exp.topology.num_paths)])
+
+
+def _discriminative(config, data, exp, result, stopper, router, feats,
+                    router_ids):
+  """Score router documents under every path, fit the linear router."""
+  docs = data.docs["train"].subset(router_ids)
+  layout = routed.make_layout(docs, config.data.seq_len,
+                              config.data.prefix_len)
+  nll_PxMxL = _nll_all_paths(exp, result.state, stopper, layout, config)
+  doc_M = layout.windows["doc_index"]
+  nll_NxP = np.stack([np.bincount(doc_M, weights=n.sum(1),
+                                  minlength=len(docs)) for n in nll_PxMxL],
+                     axis=1)
+  scored = layout.windows["weights"].sum(1)
+  keep = np.bincount(doc_M, weights=scored, minlength=len(docs)) > 0
+  disc, info = router_lib.fit_discriminative(
+      config.seed, feats["router"][keep], nll_NxP[keep],
+      exp.topology.level_sizes)
+  before = router.top_k(feats["router"][keep], 1)[:, 0]
+  info["agreement_with_generative"] = float(np.mean(
+      before == disc.top_k(feats["router"][keep], 1)[:, 0]))
+  print(f"[router] discriminative: fit on {int(keep.sum())} router docs, "
+        f"train accuracy {info['train_accuracy']:.2f}", flush=True)
+  return disc, info
+
+
+def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
+                     base_exp, base_params, init_params, dense_exp,
+                     dense_result) -> dict:
+  """Routed perplexity (once per document, re-routed, oracle) and the dense
+  baseline, all on exactly the same tokens."""
+  val = data.docs["validation"]
+  layout = routed.make_layout(val, config.data.seq_len,
+                              config.data.prefix_len)
+  count = layout.windows["weights"].sum()
+  nll_PxMxL = _nll_all_paths(exp, result.state, stopper, layout, config)
+  doc_paths = router.top_k(val_feats, 1)[:, 0]
+  once = routed.route_once(layout, doc_paths)
+  out = {"models": {}}
+  out["models"]["dipaco routed once per document"] = routed.summary(
+      routed.routed_nll(nll_PxMxL, once), count)
+  every = config.eval.reroute_every
+  if every > 0:
+    feature_model = base_exp.model if base_exp is not None else None
+    feature_params = base_params if base_params is not None else init_params
+
+    def route_chunks(input_chunks_MxL, num_chunks):
+      f = features_lib.chunk_features(
+          feature_model, feature_params, layout.windows["inputs"],
+          input_chunks_MxL, num_chunks, config.routing.features,
+          config.train.eval_batch_size)
+      return router.top_k(f, 1)[:, 0]
+
+    rerouted = routed.route_every(layout, config.data.prefix_len, every,
+                                  doc_paths, route_chunks)
+    out["models"][f"dipaco re-routed every {every} tokens"] = (
+        routed.summary(routed.routed_nll(nll_PxMxL, rerouted), count))
+  doc_M = layout.windows["doc_index"]
+  per_doc_PxN = np.stack([np.bincount(doc_M, weights=n.sum(1),
+                                      minlength=len(val)) for n in nll_PxMxL])
+  out["models"]["dipaco best path per document (oracle)"] = routed.summary(
+      per_doc_PxN.min(0).sum(), count)
+  dense_nll = routed.token_nll(dense_exp.model,
+                               dense_exp.path_params(dense_result.state),
+                               layout, config.train.eval_batch_size)
+  out["models"]["dense baseline (one path's size)"] = routed.summary(
+      dense_nll.sum(), count)
+  tokens_N = np.bincount(doc_M, weights=layout.windows["weights"].sum(1),
+                         minlength=len(val))
+  out["paths"] = []
+  for p in range(exp.topology.num_paths):
+    mine = doc_paths == p
+    own = np.isin(doc_M, np.flatnonzero(mine))
+    out["paths"].append({
+        "path": p, "level_ids": list(exp.topology.path_level_ids(p)),
+        "train_documents": exp.manifest["shards"][p]["num_documents"],
+        "train_tokens": exp.manifest["shards"][p]["num_tokens"],
+        "validation_documents": int(mine.sum()),
+        "validation_tokens": int(tokens_N[mine].sum()),
+        "validation": routed.summary(nll_PxMxL[p][own].sum(),
+                                     layout.windows["weights"][own].sum()),
+        "early_stopping_step": (stopper.best.get(str(p), {}).get("step")
+                                if stopper else None)})
+  out["communication"] = {"bytes_outer_sync": exp.bytes_communicated()}
+  return out
+
+
+def _train_summary(exp, result) -> dict:
+  return {"name": exp.name, "workers": exp.topology.num_workers,
+          "steps": result.steps, "tokens_per_s": result.tokens_per_s,
+          "resumed_from": result.resumed_from,
+          "bytes_communicated": exp.bytes_communicated(),
+          "final_loss": float(np.mean(result.final_losses_W))
+          if result.final_losses_W.size else None}
+
+
+def _data_summary(data) -> dict:
+  return {s: {"documents": len(d), "tokens": d.num_tokens}
+          for s, d in data.docs.items()}
+
+
+def _write_results(workdir, results, runs) -> None:
+  (workdir / "results.json").write_text(json.dumps(results, indent=1))
+  plots = [report_lib.plot_losses(workdir, runs)]
+  if results.get("paths"):
+    plots.append(report_lib.plot_paths(workdir, results))
+  print(report_lib.final_table(results), flush=True)
+  for p in plots:
+    if p:
+      print(f"plot: {p}")
+  print(f"results: {workdir / 'results.json'}", flush=True)
+  logging.info("Wrote %s", workdir / "results.json")
 
 
 def run(config, workdir: str) -> dict:
   """The main job for any config."""
-  return run_dense(config, workdir)
+  if paths_lib.topology_from_config(config).num_paths > 1:
+    return run_dipaco(config, workdir)
+  return run_single_path(config, workdir)
+
+
+def check_config(config) -> None:
+  config_base.validate(config, jax.device_count())

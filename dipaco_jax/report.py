@@ -9,46 +9,108 @@ def _table(header, rows) -> str:
   cells = [header] + [[str(c) for c in row] for row in rows]
   widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
   line = "+-" + "-+-".join("-" * w for w in widths) + "-+"
-  fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+  fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)
+                                    ) + " |"
   return "\n".join([line, fmt(cells[0]), line] + [fmt(r) for r in cells[1:]]
                    + [line])
 
 
-def dense_table(results: dict) -> str:
-  v, t = results["validation"], results["train"]
-  rows = [["dense", t["workers"], t["steps"], f"{v['loss']:.4f}",
-           f"{v['perplexity']:.2f}", f"{v['tokens']:,}",
-           f"{t['tokens_per_s']:,.0f}"]]
-  return "\n" + _table(["model", "workers", "steps", "val loss", "val ppl",
-                        "scored tokens", "train tokens/s"], rows) + (
-                            f"\nwall time {results['wall_seconds']:.0f} s")
+def _bytes(n: int) -> str:
+  for unit in ("B", "KB", "MB", "GB", "TB"):
+    if n < 1024 or unit == "TB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1024
+
+
+def final_table(results: dict) -> str:
+  """Validation perplexity of every model on the same tokens, and costs."""
+  rows = [[name, f"{m['loss']:.4f}", f"{m['perplexity']:.2f}",
+           f"{m['tokens']:,}"] for name, m in results["models"].items()]
+  out = ["", "Validation (first 32 tokens of each document not scored):",
+         _table(["model", "loss", "perplexity", "scored tokens"], rows)]
+  train = [results["train"]] + ([results["dense_train"]]
+                                if "dense_train" in results else [])
+  out.append(_table(
+      ["run", "workers", "steps", "train tokens/s", "bytes communicated"],
+      [[t["name"], t["workers"], t["steps"], f"{t['tokens_per_s']:,.0f}"
+        if t["tokens_per_s"] else "(reused)", _bytes(t["bytes_communicated"])]
+       for t in train]))
+  if results.get("paths"):
+    out.append(_table(
+        ["path", "experts", "train docs", "train tokens", "val docs",
+         "val ppl (own docs)"],
+        [[p["path"], "/".join(map(str, p["level_ids"])),
+          f"{p['train_documents']:,}", f"{p['train_tokens']:,}",
+          p["validation_documents"],
+          f"{p['validation']['perplexity']:.2f}"
+          if p["validation"]["tokens"] else "-"] for p in results["paths"]]))
+  out.append(f"wall time {results['wall_seconds']:.0f} s")
+  return "\n".join(out)
+
+
+def _plt():
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def _save(fig, workdir, filename) -> str:
+  out = epath.Path(workdir) / "plots"
+  out.mkdir(parents=True, exist_ok=True)
+  fig.tight_layout()
+  fig.savefig(out / filename, dpi=120)
+  _plt().close(fig)
+  return str(out / filename)
 
 
 def plot_losses(workdir, run_names, filename="loss.png") -> str | None:
   """Training loss (mean over workers) of each run against its steps."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = _plt()
   workdir = epath.Path(workdir)
   fig, ax = plt.subplots(figsize=(7, 4.5))
   plotted = False
+  offset = 0
   for name in run_names:
     rows = metrics_lib.read_jsonl(workdir / "runs" / name / "logs" / "train"
                                   / "metrics.jsonl")
     if rows:
-      ax.plot([r["step"] for r in rows], [r["loss"] for r in rows],
+      # Forked runs continue from the base: draw them after it.
+      shift = offset if name != "base" else 0
+      ax.plot([r["step"] + shift for r in rows], [r["loss"] for r in rows],
               label=name)
+      if name == "base":
+        offset = rows[-1]["step"]
       plotted = True
   if not plotted:
     plt.close(fig)
     return None
-  ax.set_xlabel("inner step")
+  ax.set_xlabel("inner step (forked runs start where the base ends)")
   ax.set_ylabel("training loss (mean over workers)")
   ax.grid(alpha=0.3)
   ax.legend()
-  out = workdir / "plots"
-  out.mkdir(parents=True, exist_ok=True)
-  fig.tight_layout()
-  fig.savefig(out / filename, dpi=120)
-  plt.close(fig)
-  return str(out / filename)
+  return _save(fig, workdir, filename)
+
+
+def plot_paths(workdir, results, filename="paths.png") -> str:
+  """Per path: training tokens and routed validation perplexity."""
+  plt = _plt()
+  paths = results["paths"]
+  fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6, len(paths) * 0.5), 6),
+                                 sharex=True)
+  xs = [p["path"] for p in paths]
+  ax1.bar(xs, [p["train_tokens"] for p in paths], color="tab:blue")
+  ax1.set_ylabel("training tokens")
+  ax1.set_title("Shards and routed validation perplexity per path")
+  ppl = [p["validation"]["perplexity"] if p["validation"]["tokens"] else 0
+         for p in paths]
+  ax2.bar(xs, ppl, color="tab:orange", label="path on its routed docs")
+  dense = [m for k, m in results["models"].items() if k.startswith("dense")]
+  if dense:
+    ax2.axhline(dense[0]["perplexity"], color="k", ls="--",
+                label="dense baseline (all docs)")
+  ax2.set_ylabel("validation perplexity")
+  ax2.set_xlabel("path")
+  ax2.set_xticks(xs)
+  ax2.legend()
+  return _save(fig, workdir, filename)

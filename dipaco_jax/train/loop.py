@@ -27,7 +27,7 @@ class TrainResult:
 
 
 def train(runtime, batches, run_dir: str, hashes: dict, name: str,
-          init_bank=None, hooks=()) -> TrainResult:
+          init_bank=None, hooks=(), after_outer_step=()) -> TrainResult:
   """Runs (or resumes) `config.train.num_steps` inner steps.
 
   Args:
@@ -39,6 +39,8 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     init_bank: start from these modules instead of a random init.
     hooks: callables `hook(step, state, losses_W)` run after each step's
       metrics arrive (one step late, so they never stall the device).
+    after_outer_step: callables `fn(step, state)` run right after each outer
+      step (e.g. per-path early stopping).
   """
   c = runtime.config
   num_steps, sync_every = c.train.num_steps, c.diloco.inner_steps
@@ -93,6 +95,8 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         done = step + 1
         if sync_every and done % sync_every == 0:
           state = runtime.outer_step(state)
+          for fn in after_outer_step:
+            fn(done, state)
         if pending is not None:
           drain(*pending)
         pending = (done, device_metrics)

@@ -1,0 +1,95 @@
+"""Routing features, computed from the first `prefix_len` tokens only.
+
+The DiPaCo paper routes each document once, offline, on "the average of the
+hidden state from the last transformer block from the initial LM over the
+first 32 tokens". Without a base model yet, the mean token embedding of the
+same prefix is used. `chunk_features` gives the same feature over later
+windows of a document, for re-routing at evaluation time.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _mean_hidden(model, params, tokens_BxT, mask_BxT):
+  hidden_BxTxD = model.apply({"params": params}, tokens_BxT,
+                             method=model.hidden_states).astype(jnp.float32)
+  mask_BxT = mask_BxT.astype(jnp.float32)
+  total_BxD = jnp.einsum("btd,bt->bd", hidden_BxTxD, mask_BxT)
+  return total_BxD / jnp.maximum(mask_BxT.sum(1), 1.0)[:, None]
+
+
+def prefix_features(model, params, docs, prefix_len: int, kind: str,
+                    batch_size: int = 64) -> np.ndarray:
+  """[N, D] features of every document's first `prefix_len` tokens.
+
+  Only `docs.prefixes(prefix_len)` is read, so nothing after the prefix can
+  influence routing (tested).
+  """
+  prefix_NxT, lengths_N = docs.prefixes(prefix_len)
+  mask_NxT = np.arange(prefix_len)[None, :] < lengths_N[:, None]
+  if kind == "token_embedding":
+    table_VxD = np.asarray(params["embed_head"]["embedding"], np.float32)
+    total_NxD = np.einsum("ntd,nt->nd", table_VxD[prefix_NxT], mask_NxT)
+    return (total_NxD / np.maximum(mask_NxT.sum(1), 1)[:, None]).astype(
+        np.float32)
+  if kind != "base_hidden":
+    raise ValueError(f"config.routing.features: unknown {kind!r}")
+  out = []
+  for start in range(0, len(prefix_NxT), batch_size):
+    tokens = prefix_NxT[start:start + batch_size]
+    mask = mask_NxT[start:start + batch_size]
+    pad = batch_size - len(tokens)
+    if pad:  # Fixed shapes: compile once.
+      tokens = np.concatenate([tokens, np.zeros((pad, prefix_len),
+                                                tokens.dtype)])
+      mask = np.concatenate([mask, np.zeros((pad, prefix_len), bool)])
+    out.append(np.asarray(_mean_hidden(model, params, tokens, mask))[
+        :batch_size - pad])
+  return np.concatenate(out).astype(np.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _chunk_sums(model, params, inputs_BxL, chunk_BxL, acc_CxD, num_chunks):
+  hidden = model.apply({"params": params}, inputs_BxL,
+                       method=model.hidden_states).astype(jnp.float32)
+  ids = jnp.where(chunk_BxL < 0, num_chunks, chunk_BxL).reshape(-1)
+  sums = jax.ops.segment_sum(hidden.reshape(-1, hidden.shape[-1]), ids,
+                             num_segments=num_chunks + 1)
+  return acc_CxD + sums[:num_chunks]
+
+
+def chunk_features(model, params, inputs_MxL, input_chunk_MxL,
+                   num_chunks: int, kind: str,
+                   batch_size: int = 64) -> np.ndarray:
+  """The routing feature of each chunk, over its input positions.
+
+  `input_chunk_MxL` gives, for every input position of every window, the
+  chunk it belongs to (-1: none). For `base_hidden` the model sees each
+  window in context, as it does the prefix.
+  """
+  d = int(params["embed_head"]["embedding"].shape[-1])
+  valid = input_chunk_MxL >= 0
+  if kind == "token_embedding":
+    table_VxD = np.asarray(params["embed_head"]["embedding"], np.float32)
+    sums = np.zeros((num_chunks, d), np.float32)
+    np.add.at(sums, input_chunk_MxL[valid], table_VxD[inputs_MxL[valid]])
+    counts = np.bincount(input_chunk_MxL[valid], minlength=num_chunks)
+    return sums / np.maximum(counts, 1)[:, None]
+  acc = jnp.zeros((num_chunks, d), jnp.float32)
+  counts = np.bincount(input_chunk_MxL[valid], minlength=num_chunks)
+  for start in range(0, len(inputs_MxL), batch_size):
+    inputs = inputs_MxL[start:start + batch_size]
+    chunks = input_chunk_MxL[start:start + batch_size]
+    pad = batch_size - len(inputs)
+    if pad:
+      inputs = np.concatenate([inputs, np.zeros((pad,) + inputs.shape[1:],
+                                                inputs.dtype)])
+      chunks = np.concatenate([chunks, np.full((pad,) + chunks.shape[1:],
+                                               -1, chunks.dtype)])
+    acc = _chunk_sums(model, params, inputs, chunks, acc, num_chunks)
+  return np.asarray(acc) / np.maximum(counts, 1)[:, None]

@@ -1,0 +1,110 @@
+"""A fitted router: features -> path scores, saved with the run.
+
+Generative routers (k-means, product k-means) score a path by its negative
+squared distance; the discriminative router by its logit. Either way
+`top_k` returns the best paths first, so sharding and evaluation do not care
+which kind they hold.
+"""
+
+import dataclasses
+import hashlib
+import math
+
+from etils import epath
+import jax
+import numpy as np
+
+from dipaco_jax.routing import discriminative
+from dipaco_jax.routing import kmeans
+
+
+@dataclasses.dataclass
+class Router:
+  kind: str  # kmeans | product_kmeans | linear
+  level_sizes: tuple[int, ...]
+  centroids: list  # per level (generative)
+  linear: discriminative.LinearRouter | None = None
+
+  @property
+  def num_paths(self) -> int:
+    return math.prod(self.level_sizes)
+
+  def scores(self, features_NxD) -> np.ndarray:
+    """[N, P], higher is better."""
+    if self.kind == "linear":
+      return np.asarray(discriminative.router_logits(self.linear,
+                                                     features_NxD))
+    return -np.asarray(kmeans.path_distances(features_NxD, self.centroids))
+
+  def top_k(self, features_NxD, k: int) -> np.ndarray:
+    scores = self.scores(features_NxD)
+    k = min(k, scores.shape[1])
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k].astype(np.int32)
+
+  def arrays(self) -> dict:
+    out = {f"centroids_{i}": np.asarray(c)
+           for i, c in enumerate(self.centroids)}
+    if self.linear is not None:
+      out.update({f"linear_{k}": np.asarray(v)
+                  for k, v in self.linear._asdict().items()})
+    return out
+
+  def sha256(self) -> str:
+    h = hashlib.sha256(self.kind.encode() + str(self.level_sizes).encode())
+    for k, v in sorted(self.arrays().items()):
+      h.update(k.encode() + np.ascontiguousarray(v).tobytes())
+    return h.hexdigest()[:16]
+
+  def save(self, path) -> None:
+    path = epath.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+      np.savez(f, kind=self.kind, level_sizes=np.array(self.level_sizes),
+               **self.arrays())
+
+  @classmethod
+  def load(cls, path) -> "Router":
+    with epath.Path(path).open("rb") as f:
+      z = dict(np.load(f))
+    centroids = [z[f"centroids_{i}"] for i in range(
+        sum(k.startswith("centroids_") for k in z))]
+    linear = None
+    if "linear_w_DxP" in z:
+      linear = discriminative.LinearRouter(
+          *(z[f"linear_{f}"] for f in discriminative.LinearRouter._fields))
+    return cls(str(z["kind"]), tuple(int(x) for x in z["level_sizes"]),
+               centroids, linear)
+
+
+def fit_generative(seed: int, features_NxD, level_sizes, method: str,
+                   num_iters: int) -> Router:
+  """k-means with prod(K) clusters, or product k-means (one per level)."""
+  key = jax.random.key(seed)
+  features = np.asarray(features_NxD, np.float32)
+  if method == "product_kmeans" and len(level_sizes) > 1:
+    centroids = kmeans.product_kmeans(key, features, level_sizes, num_iters)
+    return Router("product_kmeans", tuple(level_sizes),
+                  [np.asarray(c) for c in centroids])
+  k = math.prod(level_sizes)
+  result = kmeans.kmeans(key, features, k, num_iters)
+  return Router("kmeans", tuple(level_sizes),
+                [np.asarray(result.centroids_KxD)])
+
+
+def fit_discriminative(seed: int, features_NxD, nll_NxP, level_sizes,
+                       num_steps: int = 500) -> tuple[Router, dict]:
+  """The paper's discriminative phase: label each router document with its
+  best path, fit a linear router, and bias it toward the labels' shares."""
+  num_paths = math.prod(level_sizes)
+  labels = np.asarray(discriminative.best_path_labels(nll_NxP))
+  linear = discriminative.fit_linear_router(
+      jax.random.key(seed), np.asarray(features_NxD, np.float32), labels,
+      num_paths, num_steps=num_steps)
+  shares = np.bincount(labels, minlength=num_paths) / len(labels)
+  logits = discriminative.router_logits(linear, features_NxD)
+  bias = discriminative.calibrate_bias(logits, shares)
+  linear = linear._replace(b_P=linear.b_P + bias)
+  router = Router("linear", tuple(level_sizes), [], linear)
+  accuracy = float(np.mean(router.top_k(features_NxD, 1)[:, 0] == labels))
+  return router, {"label_shares": shares.tolist(),
+                  "train_accuracy": accuracy}
