@@ -1,11 +1,15 @@
-r"""Dense baseline: one small transformer on the embedded stdlib corpus.
+r"""Dense baseline: one ~33M transformer (8 x 512) on the stdlib corpus.
 
-Command (CPU, about 2 minutes on 2 cores):
+Command (one H100/H200, about a minute after the data stage):
   python -m dipaco_jax.main --config=experiments/dense.py \
-      --workdir=/tmp/dipaco_dense
+      --workdir=/tmp/dense
+On a CPU, shrink it: --config.model.num_layers=2 --config.model.d_model=128
+--config.model.mlp_dim=512 --config.train.num_steps=100
+--config.data.max_corpus_chars=2000000 --config.model.dtype=float32.
 
-Expected: validation perplexity around 30-40 after 300 steps (tokens of a
-4k SentencePiece vocabulary, first 32 tokens of each document not scored).
+The model and schedule match a single path of experiments/dipaco_4x4.py and
+a single replica of experiments/diloco.py, so the three compare directly.
+Expected result: see BUILD_NOTES.md ("DiLoCo vs synchronous").
 """
 
 from dipaco_jax import config_base
@@ -13,16 +17,19 @@ from dipaco_jax import config_base
 
 def get_config():
   c = config_base.base_config()
-  c.data.max_corpus_chars = 3_000_000
-  c.data.vocab_size = 4096
-  c.data.seq_len = 256
-  c.model.num_layers = 4
-  c.model.d_model = 128
-  c.model.num_heads = 4
-  c.model.head_dim = 32
-  c.model.mlp_dim = 512
-  c.train.num_steps = 300
+  c.data.vocab_size = 8192
+  c.data.seq_len = 512
+  c.data.max_doc_chars = 6000
+  c.model.num_layers = 8
+  c.model.d_model = 512
+  c.model.num_heads = 8
+  c.model.head_dim = 64
+  c.model.mlp_dim = 2048
+  c.inner_opt.learning_rate = 1e-3
+  c.inner_opt.warmup_steps = 50
+  c.train.num_steps = 600
   c.train.batch_size = 16
-  c.train.log_every = 25
-  c.ckpt.every = 100
+  c.train.log_every = 50
+  c.train.eval_batch_size = 64
+  c.ckpt.every = 300
   return c

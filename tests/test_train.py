@@ -26,7 +26,7 @@ def _losses(run_dir):
   rows = metrics_lib.read_jsonl(run_dir / "logs" / "train" / "metrics.jsonl")
   by_step = {}
   for r in rows:  # A resumed run logs its steps again; the last one wins.
-    by_step[r["step"]] = r["loss"]
+    by_step[r["step"]] = r["last_loss"]
   return by_step
 
 

@@ -69,6 +69,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     print(f"[{name}] resuming from step {latest} in {run_dir}", flush=True)
   pending = None  # (step, metrics on device): read one step late.
   last_losses = np.array([])
+  window = []  # Losses since the last log line: logged as their mean.
 
   def drain(step, device_metrics):
     nonlocal last_losses
@@ -76,12 +77,15 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     losses_W = np.asarray(host["loss"])
     metrics_lib.finite_or_raise(step, losses_W)
     last_losses = losses_W
+    window.append(losses_W)
     if step % c.train.log_every == 0 or step == num_steps:
-      scalars = {"loss": losses_W.mean(),
+      mean_W = np.mean(window, axis=0)
+      window.clear()
+      scalars = {"loss": mean_W.mean(), "last_loss": losses_W.mean(),
                  "grad_norm": np.asarray(host["grad_norm"]).mean()}
-      for w, loss in enumerate(losses_W):
+      for w, loss in enumerate(mean_W):
         scalars[f"loss/worker_{w}"] = loss
-      scalars.update(progress.report(step, float(losses_W.mean())))
+      scalars.update(progress.report(step, float(mean_W.mean())))
       writer.write(step, scalars)
     for hook in hooks:
       hook(step, state, losses_W)
