@@ -19,18 +19,24 @@ run() {  # name, then main.py arguments
 share_data() {  # reuse the tokenized corpus of run $1 in run $2
   mkdir -p "$work/$2"; cp -r "$work/$1/data" "$work/$2/" 2>/dev/null
 }
-run diloco --config=experiments/diloco.py
-share_data diloco dense; run dense --config=experiments/dense.py
+# The GPU image's standard library is small (about 2.4M tokens), too small
+# for 8 replicas or 16 paths without many epochs: train on the image's
+# site-packages Python source instead (capped, deterministic).
+sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+corpus=(--config.data.corpus=text_files "--config.data.text_glob=$sp/**/*.py"
+        --config.data.max_corpus_chars=${MAX_CHARS:-80000000})
+run diloco --config=experiments/diloco.py "${corpus[@]}"
+share_data diloco dense; run dense --config=experiments/dense.py "${corpus[@]}"
 share_data diloco dense_8x_batch
-run dense_8x_batch --config=experiments/dense.py \
-  --config.train.batch_size=128
-share_data diloco dipaco_2x2; run dipaco_2x2 --config=experiments/dipaco_2x2.py
+run dense_8x_batch --config=experiments/dense.py "${corpus[@]}" \
+  --config.train.batch_size=64
+share_data diloco dipaco_2x2; run dipaco_2x2 --config=experiments/dipaco_2x2.py "${corpus[@]}"
 # 4x4 forks from the same base and compares with the same dense baseline.
 share_data diloco dipaco_4x4
 for d in runs/base runs/dense shards/base shards/dense; do
   mkdir -p "$work/dipaco_4x4/$(dirname $d)"
   cp -r "$work/dipaco_2x2/$d" "$work/dipaco_4x4/$d" 2>/dev/null
 done
-run dipaco_4x4 --config=experiments/dipaco_4x4.py
+run dipaco_4x4 --config=experiments/dipaco_4x4.py "${corpus[@]}"
 cp "$work/dipaco_4x4/plots/"*.png "$out/" 2>/dev/null
 echo "=== done ($(date -u +%H:%M:%S))" | tee -a "$log"

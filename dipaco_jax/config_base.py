@@ -84,6 +84,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.routing.method = "product_kmeans"  # product_kmeans | kmeans
   c.routing.features = "base_hidden"  # base_hidden | token_embedding
   c.routing.train_top_k = 2  # Overlapping shards: each doc to its top-k paths.
+  c.routing.min_shard_fraction = 0.25  # Top up paths below this x mean.
   c.routing.router_fraction = 0.05  # Train docs held out for the router.
   c.routing.kmeans_iters = 50
   c.routing.discriminative_steps = 0  # >0: discriminative phase, then these

@@ -250,9 +250,26 @@ def _features(config, docs, base_exp, base_params, init_params=None):
                                       "token_embedding")
 
 
-def _path_shards(router, feats, doc_ids, top_k, num_paths):
+def _path_shards(router, feats, doc_ids, top_k, num_paths, min_fraction):
+  """Each document to its top-k paths; a path left with fewer than
+  `min_fraction` x the mean shard size takes its best-scoring documents
+  (product k-means can leave a cell of the grid nearly empty)."""
+  scores_NxP = router.scores(feats)
   top = router.top_k(feats, top_k)
-  return [doc_ids[np.any(top == p, axis=1)] for p in range(num_paths)]
+  member_NxP = np.zeros(scores_NxP.shape, bool)
+  np.put_along_axis(member_NxP, top, True, axis=1)
+  need = int(math.ceil(min_fraction * member_NxP.sum() / num_paths))
+  topped_up = []
+  for p in range(num_paths):
+    if member_NxP[:, p].sum() < need:
+      best = np.argsort(-scores_NxP[:, p], kind="stable")[:need]
+      member_NxP[best, p] = True
+      topped_up.append(p)
+  if topped_up:
+    print(f"[router] paths {topped_up} had under {need} documents; "
+          "topped up with their best-scoring ones "
+          "(config.routing.min_shard_fraction)", flush=True)
+  return [doc_ids[member_NxP[:, p]] for p in range(num_paths)]
 
 
 def _holdout(shard_ids: list, fraction: float, seed: int):
@@ -366,7 +383,8 @@ def _train_paths(config, data, workdir, name, router, feats, path_ids,
   """Top-k shards by `router`, optional early-stopping holdout, training."""
   topology = paths_lib.topology_from_config(config)
   shard_ids = _path_shards(router, feats, path_ids,
-                           config.routing.train_top_k, topology.num_paths)
+                           config.routing.train_top_k, topology.num_paths,
+                           config.routing.min_shard_fraction)
   held = None
   if config.eval.early_stopping:
     shard_ids, held = _holdout(shard_ids, config.eval.holdout_fraction,

@@ -27,9 +27,9 @@ def get_config():
   c.model.mlp_dim = 2048
   c.inner_opt.learning_rate = 1e-3
   c.inner_opt.warmup_steps = 50
-  c.train.num_steps = 600
-  c.train.batch_size = 16
+  c.train.num_steps = 500
+  c.train.batch_size = 8
   c.train.log_every = 50
   c.train.eval_batch_size = 64
-  c.ckpt.every = 300
+  c.ckpt.every = 250
   return c

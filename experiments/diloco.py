@@ -7,7 +7,7 @@ Command (one H100/H200; the 8 replicas are vmapped on the one device):
 Compare with experiments/dense.py (one replica, same steps) and with
 synchronous data parallel over the same 8x batch:
   python -m dipaco_jax.main --config=experiments/dense.py \
-      --config.train.batch_size=128 --workdir=/tmp/dense_8x
+      --config.train.batch_size=64 --workdir=/tmp/dense_8x
 Expected result: DiLoCo's validation perplexity no worse than the 8x-batch
 synchronous run and clearly better than one replica; the measured table is
 in BUILD_NOTES.md ("DiLoCo vs synchronous"). Non-i.i.d. replica shards:

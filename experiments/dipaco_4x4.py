@@ -5,8 +5,8 @@ Command (one H100/H200):
       --workdir=/tmp/dipaco_4x4
 
 Stages: dense base (300 steps) -> prefix features -> product k-means (4 x 4)
--> top-2 overlapping shards -> 16 paths x 600 inner steps, H = 50 -> routed
-evaluation against the dense baseline continued for the same 600 steps.
+-> top-2 overlapping shards -> 16 paths x 500 inner steps, H = 50 -> routed
+evaluation against the dense baseline continued for the same 500 steps.
 Expected result: see BUILD_NOTES.md ("DiPaCo vs dense"), where the measured
 table and the exact command are recorded.
 """
@@ -30,9 +30,9 @@ def get_config():
   c.diloco.inner_steps = 50
   c.inner_opt.learning_rate = 1e-3
   c.inner_opt.warmup_steps = 50
-  c.train.num_steps = 600
-  c.train.batch_size = 16
+  c.train.num_steps = 500
+  c.train.batch_size = 8
   c.train.log_every = 50
   c.train.eval_batch_size = 64
-  c.ckpt.every = 300
+  c.ckpt.every = 250
   return c

@@ -252,9 +252,10 @@ def text_files_documents(
     pattern: str, text_field: str, max_doc_chars: int,
     validation_fraction: float,
     max_corpus_chars: int = 0) -> dict[str, list[Document]]:
-  """Documents from files matching a glob (`.txt` and `.jsonl`).
+  """Documents from files matching a glob (`.jsonl`, or any text file).
 
-  A `.txt` file is one document (chunked like the stdlib source; doc ids
+  A `.jsonl` file holds one document per line; any other file (`.txt`,
+  `.py`, `.md`, ...) is one document (chunked like the stdlib source; doc ids
   `relpath#chunk`), split by the hash of its relative path. Each line of a
   `.jsonl` file is one document taken from `text_field` (doc id
   `relpath:line`, with `#chunk` added for chunks after the first of a long
@@ -273,8 +274,9 @@ def text_files_documents(
     {'train': [...], 'validation': [...]}.
 
   Raises:
-    ValueError: nothing matches, a file has an unsupported suffix, or a JSON
-      line is bad (the message names the file and the line).
+    ValueError: nothing matches, or a JSON line is bad (the message names
+      the file and the line). Text files that are not UTF-8 are skipped and
+      counted in the log.
   """
   _check_args(max_doc_chars, validation_fraction)
   base, paths = _glob(pattern)
@@ -283,10 +285,6 @@ def text_files_documents(
                      'path (config.data.text_glob).')
   by_rel = {}
   for path in paths:
-    if path.suffix not in ('.txt', '.jsonl'):
-      raise ValueError(f'{path}: unsupported file type {path.suffix!r}; '
-                       'use .txt (one document) or .jsonl (one per line), '
-                       f'or narrow the pattern {pattern!r}.')
     by_rel[os.path.relpath(os.fspath(path), os.fspath(base))] = path
   relpaths = sorted(by_rel)
   if max_corpus_chars > 0:
@@ -294,14 +292,15 @@ def text_files_documents(
     relpaths = sorted(_cap_by_hash(relpaths, sizes, max_corpus_chars))
 
   splits = {'train': [], 'validation': []}
-  skipped = 0
+  skipped = not_utf8 = 0
   for relpath in relpaths:
     path = by_rel[relpath]
-    if path.suffix == '.txt':
+    if path.suffix != '.jsonl':
       try:
         text = path.read_bytes().decode('utf-8')
-      except UnicodeDecodeError as e:
-        raise ValueError(f'{path}: not UTF-8 text ({e}).') from e
+      except UnicodeDecodeError:
+        not_utf8 += 1
+        continue
       split = splits[_split_of(relpath, validation_fraction)]
       for index, chunk in enumerate(chunk_text(text, max_doc_chars)):
         if chunk.strip():
@@ -318,8 +317,8 @@ def text_files_documents(
                                 chunk))
         else:
           skipped += 1
-  logging.info('text files %r: %d files, %d blank pieces skipped.', pattern,
-               len(relpaths), skipped)
+  logging.info('text files %r: %d files, %d blank pieces and %d non-UTF-8 '
+               'files skipped.', pattern, len(relpaths), skipped, not_utf8)
   _log_sizes(f'text files {pattern!r}', splits)
   return splits
 
