@@ -78,6 +78,7 @@ def base_config() -> ml_collections.ConfigDict:
   # --- Dense base model the paths fork from (DiPaCo section 4) ------------
   c.base = ml_collections.ConfigDict()
   c.base.num_steps = 0  # Dense pretraining steps; 0 = paths start from init.
+  c.base.batch_size = 0  # Its batch; 0 = train.batch_size.
 
   # --- Routing (dipaco_jax.routing), offline, on the first prefix_len tokens
   c.routing = ml_collections.ConfigDict()

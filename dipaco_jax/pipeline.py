@@ -48,7 +48,9 @@ from dipaco_jax.train import state as state_lib
 def training_hash(config) -> str:
   """Hash of what determines the training numbers (not logging/ckpt)."""
   keep = config.to_dict()
-  for section in ("ckpt", "eval"):
+  # Routing and evaluation reach training only through the shards, whose
+  # own hashes are checked; `base` only through the base run's own config.
+  for section in ("ckpt", "eval", "routing", "base"):
     keep.pop(section, None)
   keep["train"] = {k: v for k, v in keep["train"].items()
                    if k not in ("log_every", "eval_batch_size")}
@@ -173,7 +175,9 @@ def _train_base(config, data, workdir, doc_ids):
       config, **{"paths.shape": "1", "paths.num_replicas": 1,
                  "paths.private_layers": "", "paths.layers_per_level": "",
                  "paths.private_embedding": False, "diloco.inner_steps": 0,
-                 "train.num_steps": config.base.num_steps})
+                 "train.num_steps": config.base.num_steps,
+                 "train.batch_size": (config.base.batch_size or
+                                      config.train.batch_size)})
   shard_dir, manifest = make_shards(workdir, "base", data.docs["train"],
                                     [doc_ids], {**data.hashes,
                                                 "router": "none"})

@@ -27,9 +27,11 @@ def get_config():
   c.model.mlp_dim = 2048
   c.inner_opt.learning_rate = 1e-3
   c.inner_opt.warmup_steps = 50
-  c.train.num_steps = 500
+  c.base.num_steps = 500  # DiLoCo's setup: start from a pretrained model.
+  c.base.batch_size = 8
+  c.train.num_steps = 2000
   c.train.batch_size = 8
   c.train.log_every = 50
   c.train.eval_batch_size = 64
-  c.ckpt.every = 250
+  c.ckpt.every = 500
   return c

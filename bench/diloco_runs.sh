@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# DiLoCo x8 (H = 50) vs one replica vs synchronous training with the 8x
+# batch, all from the same dense base, the same steps (BUILD_NOTES.md).
+# Usage: bash bench/diloco_runs.sh OUT_DIR [WORK_DIR]
+set -uo pipefail
+out=${1:?OUT_DIR}; work=${2:-/tmp/diloco_quality}
+mkdir -p "$out" "$work"
+log="$out/diloco_runs.log"
+sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+corpus=(--config.data.corpus=text_files "--config.data.text_glob=$sp/**/*.py"
+        --config.data.max_corpus_chars=${MAX_CHARS:-150000000})
+run() {  # name, then main.py arguments
+  local name=$1; shift
+  echo "=== $name: $* ($(date -u +%H:%M:%S))" | tee -a "$log"
+  python3 -m dipaco_jax.main --workdir="$work/$name" "${corpus[@]}" "$@" \
+    2>&1 | grep -v '^[WI][0-9]\{4\} ' >> "$log"
+  cp "$work/$name/results.json" "$out/$name.json" 2>/dev/null \
+    || echo "!!! $name wrote no results" | tee -a "$log"
+}
+share() {  # reuse the data and the dense base of run $1 in run $2
+  for d in data runs/base shards/base; do
+    mkdir -p "$work/$2/$(dirname $d)"; cp -r "$work/$1/$d" "$work/$2/$d"
+  done
+}
+run diloco_x8 --config=experiments/diloco.py
+share diloco_x8 one_replica; run one_replica --config=experiments/dense.py
+share diloco_x8 sync_8x_batch
+run sync_8x_batch --config=experiments/dense.py --config.train.batch_size=64
+echo "=== done ($(date -u +%H:%M:%S))" | tee -a "$log"
