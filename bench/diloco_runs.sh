@@ -12,7 +12,7 @@ corpus=(--config.data.corpus=text_files "--config.data.text_glob=$sp/**/*.py"
 run() {  # name, then main.py arguments
   local name=$1; shift
   echo "=== $name: $* ($(date -u +%H:%M:%S))" | tee -a "$log"
-  python3 -m dipaco_jax.main --workdir="$work/$name" "${corpus[@]}" "$@" \
+  python3 -m dipaco_jax.main --workdir="$work/$name" "$@" "${corpus[@]}" \
     2>&1 | grep -v '^[WI][0-9]\{4\} ' >> "$log"
   cp "$work/$name/results.json" "$out/$name.json" 2>/dev/null \
     || echo "!!! $name wrote no results" | tee -a "$log"
