@@ -1,0 +1,25 @@
+r"""Sweep: DiLoCo's outer learning rate (and momentum), as a config file.
+
+Command (runs every point one after another, one workdir each):
+  python launch/sweep.py --sweep=experiments/sweep_diloco_outer_lr.py \
+      --workdir=/tmp/sweep_outer_lr [-- extra --config.* overrides]
+
+`get_config()` is the base experiment; `get_sweep()` lists the overrides of
+each point. Expected result: see BUILD_NOTES.md ("DiLoCo vs synchronous").
+"""
+
+import importlib.util
+import pathlib
+
+
+def get_config():
+  path = pathlib.Path(__file__).with_name("diloco.py")
+  spec = importlib.util.spec_from_file_location("diloco", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def get_sweep():
+  return [{"diloco.outer_lr": lr, "diloco.outer_momentum": m}
+          for lr, m in ((0.4, 0.9), (1.0, 0.9), (0.7, 0.8))]
