@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -40,6 +41,12 @@ def main():
   for i, overrides in enumerate(sweep.get_sweep()):
     run_dir = workdir / f"point_{i}_{point_name(overrides)}"
     flags = [f"--config.{k}={v}" for k, v in overrides.items()]
+    first_data = workdir / f"point_0_{point_name(sweep.get_sweep()[0])}" / (
+        "data")
+    if i > 0 and first_data.exists() and not (run_dir / "data").exists():
+      # Points share the data stage (sweeps vary training, not data; a
+      # different data config is detected by its key and redone).
+      shutil.copytree(first_data, run_dir / "data")
     if not (run_dir / "results.json").exists():
       cmd = [sys.executable, "-m", "dipaco_jax.main",
              f"--config={args.sweep}", f"--workdir={run_dir}", *flags, *extra]
