@@ -69,6 +69,26 @@ def derive_config(config, **overrides):
   return out
 
 
+_DENSE = {"paths.shape": "1", "paths.num_replicas": 1,
+          "paths.private_layers": "", "paths.layers_per_level": "",
+          "paths.private_embedding": False, "diloco.inner_steps": 0}
+
+
+def base_config_of(config):
+  """The dense base run that paths (or replicas) fork from."""
+  return derive_config(config, **_DENSE, **{
+      "train.num_steps": config.base.num_steps,
+      "train.batch_size": config.base.batch_size or config.train.batch_size})
+
+
+def dense_config_of(config):
+  """DiPaCo's dense baseline: one path's size, continued from the same
+  base for the same steps and batch as each path."""
+  return derive_config(config, **_DENSE, **{
+      "train.num_steps": config.train.num_steps + max(
+          config.routing.discriminative_steps, 0)})
+
+
 def iid_shards(doc_ids: np.ndarray, num_shards: int, seed: int) -> list:
   """Documents dealt round-robin after a seeded shuffle (DiLoCo i.i.d.)."""
   order = np.random.default_rng([seed, 7]).permutation(doc_ids)
@@ -171,13 +191,7 @@ def _prepare(config, workdir):
 
 def _train_base(config, data, workdir, doc_ids):
   """Dense pretraining on `doc_ids`; returns (experiment, path params)."""
-  base_cfg = derive_config(
-      config, **{"paths.shape": "1", "paths.num_replicas": 1,
-                 "paths.private_layers": "", "paths.layers_per_level": "",
-                 "paths.private_embedding": False, "diloco.inner_steps": 0,
-                 "train.num_steps": config.base.num_steps,
-                 "train.batch_size": (config.base.batch_size or
-                                      config.train.batch_size)})
+  base_cfg = base_config_of(config)
   shard_dir, manifest = make_shards(workdir, "base", data.docs["train"],
                                     [doc_ids], {**data.hashes,
                                                 "router": "none"})
@@ -338,12 +352,7 @@ def run_dipaco(config, workdir) -> dict:
         feats["paths"], path_ids, jax.device_get(exp.eval_bank(result.state)))
 
   # Dense baseline: the same base, the same steps and batch as one path.
-  dense_cfg = derive_config(
-      config, **{"paths.shape": "1", "paths.num_replicas": 1,
-                 "paths.private_layers": "", "paths.layers_per_level": "",
-                 "paths.private_embedding": False, "diloco.inner_steps": 0,
-                 "train.num_steps": config.train.num_steps + max(
-                     config.routing.discriminative_steps, 0)})
+  dense_cfg = dense_config_of(config)
   shard_dir, manifest = make_shards(workdir, "dense", train_docs, [path_ids],
                                     {**data.hashes, "router": "none"})
   dense_exp = Experiment(dense_cfg, data, workdir, "dense", shard_dir,
@@ -546,4 +555,18 @@ def run(config, workdir: str) -> dict:
 
 
 def check_config(config) -> None:
-  config_base.validate(config, jax.device_count())
+  """Validates the config and the runs derived from it, before compute."""
+  devices = jax.device_count()
+  config_base.validate(config, devices)
+  derived = []
+  if config.base.num_steps > 0:
+    derived.append(("base", base_config_of(config)))
+  if paths_lib.topology_from_config(config).num_paths > 1:
+    derived.append(("dense baseline", dense_config_of(config)))
+  for name, cfg in derived:
+    try:
+      config_base.validate(cfg, devices)
+    except config_base.ConfigError as e:
+      raise config_base.ConfigError(
+          f"{e} (in the {name} run derived from this config: one worker on "
+          f"{devices} devices)") from e

@@ -1,0 +1,125 @@
+"""The main job end to end on tiny configs, through the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from dipaco_jax.data import token_store
+from dipaco_jax.model import layers
+from dipaco_jax.model import transformer
+from dipaco_jax import paths as paths_lib
+from dipaco_jax.routing import features
+
+_TINY = [
+    "--config.data.max_corpus_chars=1000000",
+    "--config.data.vocab_size=512",
+    "--config.data.seq_len=64",
+    "--config.data.validation_fraction=0.2",
+    "--config.model.num_layers=2",
+    "--config.model.d_model=32",
+    "--config.model.num_heads=2",
+    "--config.model.head_dim=16",
+    "--config.model.mlp_dim=64",
+    "--config.train.batch_size=8",
+    "--config.train.log_every=2",
+    "--config.ckpt.every=4",
+]
+
+
+def _main(workdir, *flags, fake_devices=0, env=None):
+  cmd = [sys.executable, "-m", "dipaco_jax.main",
+         "--config=experiments/quickstart.py", f"--workdir={workdir}",
+         *_TINY, *flags]
+  if fake_devices:
+    cmd.append(f"--fake_devices={fake_devices}")
+  return subprocess.run(
+      cmd, capture_output=True, text=True, check=False,
+      cwd=os.path.dirname(os.path.dirname(__file__)),
+      env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
+
+
+def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
+  flags = ["--config.base.num_steps=4", "--config.train.num_steps=8",
+           "--config.diloco.inner_steps=4", "--config.eval.early_stopping=True",
+           "--config.routing.discriminative_steps=4",
+           "--config.routing.router_fraction=0.2",
+           "--config.eval.reroute_every=16"]
+  run = _main(tmp_path, *flags, fake_devices=8)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert "dense baseline" in run.stdout and "re-routed every 16" in run.stdout
+  assert "mesh path=4 x data=2" in run.stdout  # 4 paths on 8 fake devices
+  results = json.loads((tmp_path / "results.json").read_text())
+  models = results["models"]
+  scored = {m["tokens"] for m in models.values()}
+  assert len(scored) == 1 and scored.pop() > 0  # all on the same tokens
+  for m in models.values():
+    assert np.isfinite(m["perplexity"])
+  oracle = models["dipaco best path per document (oracle)"]["loss"]
+  assert oracle <= models["dipaco routed once per document"]["loss"] + 1e-9
+  assert results["router"]["kind"] == "linear"  # discriminative phase ran
+  assert len(results["paths"]) == 4
+  assert sum(p["validation_documents"] for p in results["paths"]) == (
+      results["data"]["validation"]["documents"])
+  assert all(p["early_stopping_step"] in (4, 8) for p in results["paths"])
+  assert results["communication"]["bytes_outer_sync"] > 0
+  assert (tmp_path / "plots" / "loss.png").exists()
+  assert (tmp_path / "plots" / "paths.png").exists()
+  metrics = (tmp_path / "runs" / "dipaco" / "logs" / "train" /
+             "metrics.jsonl").read_text().splitlines()
+  assert json.loads(metrics[-1])["step"] == 8
+
+  again = _main(tmp_path, *flags, fake_devices=8)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "[data] reusing" in again.stdout
+  assert "already trained" in again.stderr or "(reused)" in again.stdout
+  assert json.loads((tmp_path / "results.json").read_text())["models"] == (
+      models)
+
+
+def test_bad_config_fails_before_compute_naming_the_field(tmp_path):
+  run = _main(tmp_path, "--config.paths.shape=2x2x2x2x2",
+              "--config.model.num_layers=4")
+  assert run.returncode == 2
+  assert "config.paths.shape" in run.stderr
+  assert not (tmp_path / "data").exists()
+
+
+def test_fake_devices_refuse_a_non_cpu_platform(tmp_path):
+  run = _main(tmp_path, fake_devices=8, env={"JAX_PLATFORMS": "cuda"})
+  assert run.returncode != 0
+  assert "--fake_devices=8 needs the CPU platform" in run.stderr
+
+
+def test_routing_reads_only_the_first_32_tokens():
+  dims = layers.ModelDims(vocab_size=97, num_layers=2, d_model=32,
+                          num_heads=2, head_dim=16, mlp_dim=64,
+                          dtype="float32")
+  model = transformer.build_model(dims, paths_lib.build_topology(2, (1,)))
+  params = model.init(jax.random.key(0), np.zeros((1, 8), np.int32))
+  params = jax.tree.map(lambda x: getattr(x, "value", x), params["params"],
+                        is_leaf=lambda x: hasattr(x, "value"))
+  rng = np.random.default_rng(0)
+  docs = [rng.integers(4, 97, n).astype(np.int32) for n in (20, 50, 90)]
+
+  def store(ds):
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in ds])])
+    return token_store.TokenDocs(np.concatenate(ds), offsets)
+
+  changed = [d.copy() for d in docs]
+  for d in changed:
+    d[32:] = rng.integers(4, 97, max(len(d) - 32, 0))
+  changed_prefix = [d.copy() for d in docs]
+  changed_prefix[2][31] = (changed_prefix[2][31] + 1) % 97
+  for kind in ("base_hidden", "token_embedding"):
+    a = features.prefix_features(model, params, store(docs), 32, kind, 2)
+    b = features.prefix_features(model, params, store(changed), 32, kind, 2)
+    c = features.prefix_features(model, params, store(changed_prefix), 32,
+                                 kind, 2)
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a[2] - c[2]).max() > 0  # token 31 is read
+    np.testing.assert_array_equal(a[:2], c[:2])
