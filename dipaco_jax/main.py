@@ -17,6 +17,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None,
                                "Run directory (local path or gs://).")
 _FAKE_DEVICES = flags.DEFINE_integer(
     "fake_devices", 0, "Run on N fake CPU devices (CPU only).")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Multi-host: call jax.distributed.initialize() "
+    "(Cloud TPU pods and slices detect their peers themselves).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -24,6 +27,9 @@ def main(argv):
   del argv
   from dipaco_jax.parallel import mesh  # pylint: disable=g-import-not-at-top
   mesh.setup_fake_devices(_FAKE_DEVICES.value)
+  if _DISTRIBUTED.value:
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize()
   from dipaco_jax import config_base  # pylint: disable=g-import-not-at-top
   from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value

@@ -13,7 +13,7 @@ _EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
 
 @pytest.mark.parametrize("field,value,match", [
     ("paths.shape", "2y2", "paths.shape"),
-    ("paths.shape", "3x3", "paths.shape"),  # 2 levels but... 4 layers ok? no:
+    ("paths.shape", "3x3", "paths.shape"),  # with 5 layers, below
     ("paths.layers_per_level", "1,2", "paths.layers_per_level"),
     ("paths.private_layers", "0,9", "paths.private_layers"),
     ("diloco.inner_steps", -1, "diloco.inner_steps"),
@@ -71,5 +71,17 @@ def test_every_experiment_config_validates(path):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config()
-  assert module.__doc__ and "python -m dipaco_jax.main" in module.__doc__
+  assert module.__doc__ and ("python -m dipaco_jax.main" in module.__doc__ or
+                             "python launch/sweep.py" in module.__doc__)
+  assert "Expected" in module.__doc__
   config_base.validate(config, num_devices=1)
+
+
+def test_derived_dense_runs_are_validated_up_front():
+  from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
+  config = testing.tiny_config("2x2", inner_steps=4, num_steps=8)
+  config.base.num_steps = 4
+  config.train.batch_size = 2  # fine for 4 paths on 8 devices (data = 2)...
+  config_base.validate(config, num_devices=8)
+  with pytest.raises(config_base.ConfigError, match="base run derived"):
+    pipeline.check_config(config)  # ...but the 1-worker base has data = 8
