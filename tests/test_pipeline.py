@@ -123,3 +123,20 @@ def test_routing_reads_only_the_first_32_tokens():
     np.testing.assert_array_equal(a, b)
     assert np.abs(a[2] - c[2]).max() > 0  # token 31 is read
     np.testing.assert_array_equal(a[:2], c[:2])
+
+
+def test_diloco_main_job_with_kmeans_replica_shards(tmp_path):
+  run = _main(tmp_path, "--config.paths.shape=1", "--config.paths.num_replicas=2",
+              "--config.base.num_steps=0", "--config.train.num_steps=4",
+              "--config.diloco.inner_steps=2",
+              "--config.routing.features=token_embedding",
+              "--config.routing.replica_shards=kmeans")
+  assert run.returncode == 0, run.stderr[-3000:]
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert list(results["models"]) == ["diloco x2"]
+  assert results["train"]["workers"] == 2
+  manifest = json.loads((tmp_path / "shards" / "main" /
+                         "manifest.json").read_text())
+  assert manifest["hashes"]["router"] not in ("iid", "none")
+  sizes = [s["num_documents"] for s in manifest["shards"]]
+  assert sum(sizes) == results["data"]["train"]["documents"] and min(sizes)
