@@ -9,6 +9,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -25,6 +26,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:
+    # Library INFO logs (orbax, absl) would bury the progress lines.
+    logging.set_verbosity(logging.WARNING)
   from dipaco_jax.parallel import mesh  # pylint: disable=g-import-not-at-top
   mesh.setup_fake_devices(_FAKE_DEVICES.value)
   if _DISTRIBUTED.value:

@@ -479,17 +479,18 @@ def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
     feature_model = base_exp.model if base_exp is not None else None
     feature_params = base_params if base_params is not None else init_params
 
-    def route_chunks(input_chunks_MxL, num_chunks):
-      f = features_lib.chunk_features(
-          feature_model, feature_params, layout.windows["inputs"],
-          input_chunks_MxL, num_chunks, config.routing.features,
-          config.train.eval_batch_size)
-      return router.top_k(f, 1)[:, 0]
+    def group_sums(group_MxL, num_groups):
+      return features_lib.group_feature_sums(
+          feature_model, feature_params, layout.windows["inputs"], group_MxL,
+          num_groups, config.routing.features, config.train.eval_batch_size)
 
-    rerouted = routed.route_every(layout, config.data.prefix_len, every,
-                                  doc_paths, route_chunks)
-    out["models"][f"dipaco re-routed every {every} tokens"] = (
-        routed.summary(routed.routed_nll(nll_PxMxL, rerouted), count))
+    route = lambda f: router.top_k(f, 1)[:, 0]
+    for cumulative, label in ((False, "the previous chunk"),
+                              (True, "all tokens so far")):
+      path_MxL = routed.route_every(layout, config.data.prefix_len, every,
+                                    doc_paths, group_sums, route, cumulative)
+      out["models"][f"dipaco re-routed every {every} tokens ({label})"] = (
+          routed.summary(routed.routed_nll(nll_PxMxL, path_MxL), count))
   doc_M = layout.windows["doc_index"]
   per_doc_PxN = np.stack([np.bincount(doc_M, weights=n.sum(1),
                                       minlength=len(val)) for n in nll_PxMxL])

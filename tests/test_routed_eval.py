@@ -23,29 +23,43 @@ def test_layout_positions_and_scored_tokens():
   assert w["weights"].sum() == 18
 
 
-def test_route_every_uses_the_previous_chunk():
+def _position_sums(layout):
+  """A feature that is the token's position: sums and counts per group."""
+  def group_sums(group_MxL, num_groups):
+    valid = group_MxL >= 0
+    sums = np.bincount(group_MxL[valid], layout.input_pos_MxL[valid],
+                       minlength=num_groups)[:, None]
+    return sums, np.bincount(group_MxL[valid], minlength=num_groups)
+  return group_sums
+
+
+def test_route_every_reads_the_previous_chunk_only():
   layout = routed.make_layout(_docs([20]), seq_len=8, prefix_len=4)
-  seen = {}
-
-  def route_chunks(input_chunks_MxL, num_chunks):
-    seen["ids"] = input_chunks_MxL
-    return 10 + np.arange(num_chunks)  # chunk c -> path 10 + c
-
-  path_MxL = routed.route_every(layout, prefix_len=4, every=4,
-                                doc_paths_N=np.array([5]),
-                                route_features_fn=route_chunks)
-  target = layout.target_pos_MxL
+  path_MxL = routed.route_every(
+      layout, prefix_len=4, every=4, doc_paths_N=np.array([99]),
+      group_sums_fn=_position_sums(layout),
+      route_fn=lambda f: np.floor(f[:, 0]).astype(int))
   weights = layout.windows["weights"] > 0
-  for t, p in zip(target[weights], path_MxL[weights]):
+  for t, p in zip(layout.target_pos_MxL[weights], path_MxL[weights]):
     chunk = (t - 4) // 4
-    # Chunk 0 takes the prefix's path; chunk c takes the path read from c-1.
-    assert p == (5 if chunk == 0 else 10 + chunk - 1), (t, p)
-  # The router of chunk c reads input positions of chunk c only.
-  ids = seen["ids"]
-  pos = layout.input_pos_MxL
-  np.testing.assert_array_equal(ids[pos < 4], -1)
-  np.testing.assert_array_equal(ids[(pos >= 4) & (pos < 8)], 0)
-  np.testing.assert_array_equal(ids[(pos >= 8) & (pos < 12)], 1)
+    # Chunk 0 takes the prefix's path; chunk c reads chunk c - 1, whose
+    # input positions are 4 + 4 (c - 1) ... + 3 (mean: + 1.5).
+    want = 99 if chunk == 0 else int(4 + 4 * (chunk - 1) + 1.5)
+    assert p == want, (t, p, want)
+
+
+def test_route_every_cumulative_reads_everything_so_far():
+  layout = routed.make_layout(_docs([20]), seq_len=8, prefix_len=4)
+  path_MxL = routed.route_every(
+      layout, prefix_len=4, every=4, doc_paths_N=np.array([99]),
+      group_sums_fn=_position_sums(layout),
+      route_fn=lambda f: np.floor(f[:, 0]).astype(int), cumulative=True)
+  weights = layout.windows["weights"] > 0
+  for t, p in zip(layout.target_pos_MxL[weights], path_MxL[weights]):
+    chunk = (t - 4) // 4
+    # Positions 0 .. 4 + 4 c - 1 are read before chunk c: mean (4c + 3) / 2.
+    want = 99 if chunk == 0 else int((4 * chunk + 3) / 2)
+    assert p == want, (t, p, want)
 
 
 def test_routed_once_selects_each_documents_path():

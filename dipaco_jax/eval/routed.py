@@ -25,6 +25,12 @@ class Layout:
   windows: dict  # inputs, targets, weights, doc_index  ([M, L] / [M])
   input_pos_MxL: np.ndarray  # absolute position of each input token
   num_docs: int
+  doc_length_M: np.ndarray  # length of each window's document
+
+  @property
+  def real_input_MxL(self):
+    """Input positions inside their document (not padding)."""
+    return self.input_pos_MxL < self.doc_length_M[:, None]
 
   @property
   def target_pos_MxL(self):
@@ -39,7 +45,7 @@ def make_layout(docs, seq_len: int, prefix_len: int) -> Layout:
   k_M = np.arange(len(doc_M)) - np.repeat(first, np.diff(np.r_[first,
                                                              len(doc_M)]))
   input_pos = k_M[:, None] * seq_len + np.arange(seq_len)[None, :]
-  return Layout(windows, input_pos, len(docs))
+  return Layout(windows, input_pos, len(docs), docs.lengths()[doc_M])
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -66,17 +72,6 @@ def token_nll(model, params, layout: Layout, batch_size: int) -> np.ndarray:
   return out
 
 
-def chunk_ids(pos_MxL, doc_M, prefix_len: int, every: int,
-              max_chunks_per_doc: int):
-  """Global chunk id of each position: chunk c of doc d covers positions
-  [prefix_len + c*every, prefix_len + (c+1)*every); -1 before the prefix
-  ends. Returns (ids_MxL, chunks_per_doc)."""
-  local = np.where(pos_MxL >= prefix_len, (pos_MxL - prefix_len) // every,
-                   -1)
-  ids = np.where(local >= 0, doc_M[:, None] * max_chunks_per_doc + local, -1)
-  return ids, max_chunks_per_doc
-
-
 def routed_nll(nll_PxMxL, path_MxL) -> float:
   return float(np.take_along_axis(nll_PxMxL, path_MxL[None], 0).sum())
 
@@ -94,23 +89,47 @@ def route_once(layout: Layout, doc_paths_N) -> np.ndarray:
 
 
 def route_every(layout: Layout, prefix_len: int, every: int, doc_paths_N,
-                route_features_fn) -> np.ndarray:
-  """Re-routing: chunk 0 (right after the prefix) takes the prefix's path;
-  chunk c + 1 takes the path chosen from chunk c's tokens.
+                group_sums_fn, route_fn, cumulative: bool = False):
+  """Re-routing every `every` tokens; returns the path of every target.
 
-  `route_features_fn(input_chunk_ids_MxL, num_chunks) -> paths [num_chunks]`
-  routes every chunk by its own tokens; the result is shifted by one chunk.
+  Target chunk c of a document covers positions [prefix_len + c * every,
+  prefix_len + (c + 1) * every). Chunk 0 takes the prefix's path
+  (`doc_paths_N`); chunk c + 1 takes the path `route_fn` picks from the
+  tokens read so far: chunk c alone (`cumulative=False`: "the router reads
+  chunk i and picks the path for chunk i+1"), or the whole document up to
+  the end of chunk c (`cumulative=True`).
+
+  Args:
+    layout: the validation windows.
+    prefix_len: the routing prefix (never scored).
+    every: the re-routing interval N.
+    doc_paths_N: each document's path from its prefix.
+    group_sums_fn: `(group_ids_MxL, num_groups) -> (sums_GxD, counts_G)`,
+      feature sums over groups of input positions (-1: no group).
+    route_fn: `features_NxD -> paths_N`.
+    cumulative: see above.
   """
   doc_M = layout.windows["doc_index"]
-  max_pos = int(layout.input_pos_MxL.max()) + 2
-  per_doc = max(1, -(-(max_pos - prefix_len) // every) + 1)
-  input_ids, _ = chunk_ids(layout.input_pos_MxL, doc_M, prefix_len, every,
-                           per_doc)
-  target_ids, _ = chunk_ids(layout.target_pos_MxL, doc_M, prefix_len, every,
-                            per_doc)
-  chunk_path = route_features_fn(input_ids, layout.num_docs * per_doc)
-  chunk_path = np.asarray(chunk_path).reshape(layout.num_docs, per_doc)
-  # The path for chunk c + 1 is read from chunk c; chunk 0 uses the prefix.
-  shifted = np.concatenate([np.asarray(doc_paths_N)[:, None],
-                            chunk_path[:, :-1]], axis=1).reshape(-1)
-  return np.where(target_ids >= 0, shifted[np.maximum(target_ids, 0)], 0)
+  pos_in, pos_out = layout.input_pos_MxL, layout.target_pos_MxL
+  per_doc = -(-(int(pos_out.max()) + 1 - prefix_len) // every) + 1
+  # Group 0 of a document is its prefix, group 1 + c its chunk c.
+  local = np.where(pos_in < prefix_len, 0, (pos_in - prefix_len) // every + 1)
+  groups = np.where(layout.real_input_MxL,
+                    doc_M[:, None] * (per_doc + 1) + local, -1)
+  sums, counts = group_sums_fn(groups, layout.num_docs * (per_doc + 1))
+  sums = np.asarray(sums).reshape(layout.num_docs, per_doc + 1, -1)
+  counts = np.asarray(counts).reshape(layout.num_docs, per_doc + 1)
+  if cumulative:
+    sums, counts = sums.cumsum(1), counts.cumsum(1)
+  # Features of chunks 0 .. per_doc - 2 route chunks 1 .. per_doc - 1.
+  feats = sums[:, 1:-1] / np.maximum(counts[:, 1:-1], 1)[..., None]
+  paths = np.asarray(route_fn(feats.reshape(-1, feats.shape[-1]))).reshape(
+      layout.num_docs, per_doc - 1)
+  # A chunk with no tokens read (past the document's end) routes nothing.
+  chunk_path = np.concatenate([np.asarray(doc_paths_N)[:, None], paths],
+                              axis=1)
+  target_chunk = np.where(pos_out >= prefix_len,
+                          (pos_out - prefix_len) // every, 0)
+  return np.where(pos_out >= prefix_len,
+                  chunk_path[doc_M[:, None], np.minimum(target_chunk,
+                                                        per_doc - 1)], 0)

@@ -3,7 +3,7 @@
 The DiPaCo paper routes each document once, offline, on "the average of the
 hidden state from the last transformer block from the initial LM over the
 first 32 tokens". Without a base model yet, the mean token embedding of the
-same prefix is used. `chunk_features` gives the same feature over later
+same prefix is used. `group_feature_sums` gives the same feature over later
 windows of a document, for re-routing at evaluation time.
 """
 
@@ -54,42 +54,40 @@ def prefix_features(model, params, docs, prefix_len: int, kind: str,
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
-def _chunk_sums(model, params, inputs_BxL, chunk_BxL, acc_CxD, num_chunks):
+def _group_sums(model, params, inputs_BxL, group_BxL, acc_GxD, num_groups):
   hidden = model.apply({"params": params}, inputs_BxL,
                        method=model.hidden_states).astype(jnp.float32)
-  ids = jnp.where(chunk_BxL < 0, num_chunks, chunk_BxL).reshape(-1)
+  ids = jnp.where(group_BxL < 0, num_groups, group_BxL).reshape(-1)
   sums = jax.ops.segment_sum(hidden.reshape(-1, hidden.shape[-1]), ids,
-                             num_segments=num_chunks + 1)
-  return acc_CxD + sums[:num_chunks]
+                             num_segments=num_groups + 1)
+  return acc_GxD + sums[:num_groups]
 
 
-def chunk_features(model, params, inputs_MxL, input_chunk_MxL,
-                   num_chunks: int, kind: str,
-                   batch_size: int = 64) -> np.ndarray:
-  """The routing feature of each chunk, over its input positions.
+def group_feature_sums(model, params, inputs_MxL, group_MxL,
+                       num_groups: int, kind: str, batch_size: int = 64):
+  """Sums of the routing feature over groups of input positions.
 
-  `input_chunk_MxL` gives, for every input position of every window, the
-  chunk it belongs to (-1: none). For `base_hidden` the model sees each
-  window in context, as it does the prefix.
+  Returns (sums [G, D], counts [G]); `group_MxL` names the group of every
+  input position of every window (-1: none). For `base_hidden` the model
+  sees each window in context, as it sees the prefix.
   """
+  valid = group_MxL >= 0
+  counts = np.bincount(group_MxL[valid], minlength=num_groups)
   d = int(params["embed_head"]["embedding"].shape[-1])
-  valid = input_chunk_MxL >= 0
   if kind == "token_embedding":
     table_VxD = np.asarray(params["embed_head"]["embedding"], np.float32)
-    sums = np.zeros((num_chunks, d), np.float32)
-    np.add.at(sums, input_chunk_MxL[valid], table_VxD[inputs_MxL[valid]])
-    counts = np.bincount(input_chunk_MxL[valid], minlength=num_chunks)
-    return sums / np.maximum(counts, 1)[:, None]
-  acc = jnp.zeros((num_chunks, d), jnp.float32)
-  counts = np.bincount(input_chunk_MxL[valid], minlength=num_chunks)
+    sums = np.zeros((num_groups, d), np.float32)
+    np.add.at(sums, group_MxL[valid], table_VxD[inputs_MxL[valid]])
+    return sums, counts
+  acc = jnp.zeros((num_groups, d), jnp.float32)
   for start in range(0, len(inputs_MxL), batch_size):
     inputs = inputs_MxL[start:start + batch_size]
-    chunks = input_chunk_MxL[start:start + batch_size]
+    groups = group_MxL[start:start + batch_size]
     pad = batch_size - len(inputs)
-    if pad:
+    if pad:  # Fixed shapes: compile once.
       inputs = np.concatenate([inputs, np.zeros((pad,) + inputs.shape[1:],
                                                 inputs.dtype)])
-      chunks = np.concatenate([chunks, np.full((pad,) + chunks.shape[1:],
-                                               -1, chunks.dtype)])
-    acc = _chunk_sums(model, params, inputs, chunks, acc, num_chunks)
-  return np.asarray(acc) / np.maximum(counts, 1)[:, None]
+      groups = np.concatenate([groups, np.full((pad,) + groups.shape[1:], -1,
+                                               groups.dtype)])
+    acc = _group_sums(model, params, inputs, groups, acc, num_groups)
+  return np.asarray(acc), counts
