@@ -211,6 +211,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
           f"[0, {m.num_layers}).")
   if p.num_replicas < 1:
     _fail("paths.num_replicas", "must be at least 1.")
+  if p.num_replicas > 1 and math.prod(levels) > 1:
+    _fail("paths.num_replicas", "replicas of DiPaCo paths are not supported "
+          "yet: use one path (shape '1') for DiLoCo, or num_replicas=1.")
   if config.diloco.inner_steps < 0:
     _fail("diloco.inner_steps", "H must be >= 0 (0 = never sync).")
   num_workers = num_workers_of(config)

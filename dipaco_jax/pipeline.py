@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import time
+import zlib
 
 from absl import logging
 from etils import epath
@@ -96,7 +97,15 @@ def iid_shards(doc_ids: np.ndarray, num_shards: int, seed: int) -> list:
 
 
 def make_shards(workdir, name, docs, doc_indices_per_shard, hashes):
-  """Writes (or reuses) a shard set; returns its directory and manifest."""
+  """Writes (or reuses) a shard set; returns its directory and manifest.
+
+  Reused only when the same documents go to the same shards: the hashes
+  include the document indices, not just where they came from.
+  """
+  ids = hashlib.sha256()
+  for shard in doc_indices_per_shard:
+    ids.update(np.asarray(shard, np.int64).tobytes() + b"|")
+  hashes = {**hashes, "documents": ids.hexdigest()[:16]}
   directory = epath.Path(workdir) / "shards" / name
   manifest = shards_lib.read_manifest(str(directory))
   if manifest is not None and manifest["hashes"] == hashes and (
@@ -135,6 +144,9 @@ class Experiment:
     self.hashes = {"config": training_hash(config), **data.hashes,
                    **{f"shards_{k}": v for k, v in manifest["hashes"].items()
                       if k not in data.hashes}}
+    # Each run reads its shards in its own order: a run forked from the
+    # base must not replay the base's batches.
+    self.data_seed = zlib.crc32(f"{config.seed}/{name}".encode())
 
   @property
   def model(self):
@@ -144,10 +156,16 @@ class Experiment:
     rows = [batches_lib.pack_rows(
         shards_lib.load_shard(str(self.shard_dir), w),
         self.config.data.seq_len) for w in range(self.topology.num_workers)]
-    return batches_lib.StackedBatches(rows, self.config.seed,
+    return batches_lib.StackedBatches(rows, self.data_seed,
                                       self.config.train.batch_size)
 
-  def train(self, init_bank=None, after_outer_step=()) -> loop.TrainResult:
+  def train(self, init_bank=None, after_outer_step=(),
+            init_from=None) -> loop.TrainResult:
+    """Trains (or resumes); `init_from` is the experiment `init_bank` came
+    from, whose hashes the checkpoints then carry too."""
+    if init_from is not None:
+      self.hashes["init"] = hashlib.sha256(json.dumps(
+          init_from.hashes, sort_keys=True).encode()).hexdigest()[:16]
     print(f"[{self.name}] {self.topology.describe()}\n[{self.name}] mesh "
           f"{mesh_lib.describe(self.mesh)}", flush=True)
     return loop.train(self.runtime, self.batches(), str(self.run_dir),
@@ -217,7 +235,7 @@ def run_single_path(config, workdir) -> dict:
                                     shard_ids, {**data.hashes,
                                                 "router": router_hash})
   exp = Experiment(config, data, workdir, "main", shard_dir, manifest)
-  result = exp.train(init_bank)
+  result = exp.train(init_bank, init_from=base_exp)
   layout = routed.make_layout(data.docs["validation"], config.data.seq_len,
                               config.data.prefix_len)
   metrics = _score(layout, exp.model, exp.path_params(result.state), config)
@@ -225,8 +243,9 @@ def run_single_path(config, workdir) -> dict:
       f"diloco x{topology.num_workers}")
   results = {
       "kind": "single_path",
+      "prefix_len": config.data.prefix_len,
       "models": {name: metrics},
-      "train": _train_summary(exp, result),
+      "runs": [_train_summary(exp, result)],
       "data": _data_summary(data),
       "wall_seconds": time.time() - t0,
   }
@@ -338,7 +357,8 @@ def run_dipaco(config, workdir) -> dict:
                if base_params is not None else None)
   exp, result, stopper = _train_paths(
       config, data, workdir, "dipaco", router, feats["paths"], path_ids,
-      init_bank)
+      init_bank, base_exp)
+  phases = [(exp, result)]
 
   disc_info = None
   if config.routing.discriminative_steps > 0:
@@ -349,7 +369,9 @@ def run_dipaco(config, workdir) -> dict:
         "train.num_steps": config.routing.discriminative_steps})
     exp, result, stopper = _train_paths(
         disc_cfg, data, workdir, "dipaco_discriminative", router,
-        feats["paths"], path_ids, jax.device_get(exp.eval_bank(result.state)))
+        feats["paths"], path_ids, jax.device_get(exp.eval_bank(result.state)),
+        exp)
+    phases.append((exp, result))
 
   # Dense baseline: the same base, the same steps and batch as one path.
   dense_cfg = dense_config_of(config)
@@ -360,23 +382,27 @@ def run_dipaco(config, workdir) -> dict:
   dense_init = (bank_lib.path_params_to_bank(base_params, base_exp.topology,
                                              dense_exp.topology)
                 if base_params is not None else None)
-  dense_result = dense_exp.train(dense_init)
+  dense_result = dense_exp.train(dense_init, init_from=base_exp)
 
   results = _evaluate_dipaco(config, data, exp, result, stopper, router,
                              feats["validation"], base_exp, base_params,
                              init_params, dense_exp, dense_result)
   results.update({
       "kind": "dipaco",
+      "prefix_len": config.data.prefix_len,
       "router": {"kind": router.kind, "train_top_k": min(
           config.routing.train_top_k, num_paths),
                  "router_documents": int(len(router_ids)),
                  "discriminative": disc_info},
-      "train": _train_summary(exp, result),
-      "dense_train": _train_summary(dense_exp, dense_result),
+      "runs": [_train_summary(e, r) for e, r in phases] + [
+          _train_summary(dense_exp, dense_result)],
       "data": _data_summary(data),
       "wall_seconds": time.time() - t0,
   })
-  runs = (["base"] if base_exp else []) + [exp.name, "dense"]
+  results["communication"] = {"bytes_outer_sync": sum(
+      e.bytes_communicated() for e, _ in phases)}
+  runs = (["base"] if base_exp else []) + [e.name for e, _ in phases] + [
+      "dense"]
   _write_results(workdir, results, runs)
   return results
 
@@ -392,7 +418,7 @@ def _fresh_bank(config, data, workdir):
 
 
 def _train_paths(config, data, workdir, name, router, feats, path_ids,
-                 init_bank):
+                 init_bank, init_from):
   """Top-k shards by `router`, optional early-stopping holdout, training."""
   topology = paths_lib.topology_from_config(config)
   shard_ids = _path_shards(router, feats, path_ids,
@@ -418,7 +444,8 @@ def _train_paths(config, data, workdir, name, router, feats, path_ids,
         exp.run_dir / "early_stopping", config.data.seq_len,
         config.data.prefix_len, config.train.eval_batch_size)
     callbacks = (stopper,)
-  result = exp.train(init_bank, after_outer_step=callbacks)
+  result = exp.train(init_bank, after_outer_step=callbacks,
+                     init_from=init_from)
   return exp, result, stopper
 
 
@@ -517,7 +544,6 @@ def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
                                      layout.windows["weights"][own].sum()),
         "early_stopping_step": (stopper.best.get(str(p), {}).get("step")
                                 if stopper else None)})
-  out["communication"] = {"bytes_outer_sync": exp.bytes_communicated()}
   return out
 
 
@@ -564,10 +590,16 @@ def check_config(config) -> None:
     derived.append(("base", base_config_of(config)))
   if paths_lib.topology_from_config(config).num_paths > 1:
     derived.append(("dense baseline", dense_config_of(config)))
+    if config.routing.discriminative_steps > 0:
+      if config.routing.router_fraction <= 0:
+        raise config_base.ConfigError(
+            "config.routing.router_fraction: the discriminative phase needs "
+            "held-out router documents; set it > 0 (the paper: 0.005).")
+      derived.append(("discriminative phase", derive_config(config, **{
+          "train.num_steps": config.routing.discriminative_steps})))
   for name, cfg in derived:
     try:
       config_base.validate(cfg, devices)
     except config_base.ConfigError as e:
       raise config_base.ConfigError(
-          f"{e} (in the {name} run derived from this config: one worker on "
-          f"{devices} devices)") from e
+          f"{e} (in the {name} run derived from this config)") from e

@@ -26,10 +26,10 @@ def final_table(results: dict) -> str:
   """Validation perplexity of every model on the same tokens, and costs."""
   rows = [[name, f"{m['loss']:.4f}", f"{m['perplexity']:.2f}",
            f"{m['tokens']:,}"] for name, m in results["models"].items()]
-  out = ["", "Validation (first 32 tokens of each document not scored):",
+  out = ["", f"Validation (first {results['prefix_len']} tokens of each "
+         "document not scored):",
          _table(["model", "loss", "perplexity", "scored tokens"], rows)]
-  train = [results["train"]] + ([results["dense_train"]]
-                                if "dense_train" in results else [])
+  train = results["runs"]
   out.append(_table(
       ["run", "workers", "steps", "train tokens/s", "bytes communicated"],
       [[t["name"], t["workers"], t["steps"], f"{t['tokens_per_s']:,.0f}"

@@ -47,7 +47,7 @@ def pack_rows(token_docs: token_store.TokenDocs, seq_len: int) -> np.ndarray:
   return np.ascontiguousarray(windows[::seq_len][:num_rows], dtype=np.int32)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=1024)  # >= streams x 2 epochs in flight
 def _permutation(seed: int, stream_index: int, epoch: int,
                  num_rows: int) -> np.ndarray:
   """The epoch's row order; cached since a step needs only one or two."""

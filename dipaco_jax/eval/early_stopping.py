@@ -42,8 +42,11 @@ class EarlyStopping:
         host = jax.device_get(params)
         leaves = {f"leaf_{i}": np.asarray(x)
                   for i, x in enumerate(jax.tree.leaves(host))}
-        with (self.directory / f"path_{p:05d}.npz").open("wb") as f:
+        final = self.directory / f"path_{p:05d}.npz"
+        tmp = self.directory / f"path_{p:05d}.tmp.npz"
+        with tmp.open("wb") as f:
           np.savez(f, **leaves)
+        tmp.replace(final)  # Atomic: a crash never leaves half a snapshot.
         self.best[key] = {"loss": loss, "step": step}
     self.best_path.write_text(json.dumps(self.best, indent=1))
 

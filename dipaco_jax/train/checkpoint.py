@@ -7,8 +7,6 @@ with the hashes of the config, tokenizer, router and shards it belongs to
 silent mix. Paths may be local or `gs://` (etils.epath).
 """
 
-import json
-
 from absl import logging
 from etils import epath
 import orbax.checkpoint as ocp
@@ -71,8 +69,3 @@ def check_hashes(found: dict, expected: dict, where: str) -> None:
         f"The checkpoint {where} belongs to a different run:\n{lines}\n"
         "Use a fresh --workdir, or restore the config/data it was made with.")
 
-
-def config_hash(config) -> str:
-  import hashlib  # pylint: disable=g-import-not-at-top
-  return hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True,
-                                   default=str).encode()).hexdigest()[:16]

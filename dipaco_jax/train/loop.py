@@ -38,7 +38,8 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     name: shown in progress lines.
     init_bank: start from these modules instead of a random init.
     hooks: callables `hook(step, state, losses_W)` run after each step's
-      metrics arrive (one step late, so they never stall the device).
+      metrics arrive (one step late, so they never stall the device; the
+      state passed is the newest one, which may be a step ahead).
     after_outer_step: callables `fn(step, state)` run right after each outer
       step (e.g. per-path early stopping).
   """
@@ -61,6 +62,9 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     logging.info("[%s] already trained %d steps; reusing.", name, start)
     return TrainResult(state, start, latest, 0.0, np.array([]))
 
+  if latest is not None:  # Steps logged after the checkpoint run again.
+    metrics_lib.drop_rows_after(run_dir / "logs" / "train" / "metrics.jsonl",
+                                start)
   writer = metrics_lib.MetricWriter(str(run_dir))
   tokens_per_step = (runtime.topology.num_workers * c.train.batch_size *
                      c.data.seq_len)
@@ -105,8 +109,17 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
           drain(*pending)
         pending = (done, device_metrics)
         if ckpt.should_save(done, num_steps):
+          # Never checkpoint a diverged state: read this step's losses and
+          # check the parameters themselves before saving.
+          drain(*pending)
+          pending = None
+          if not runtime.all_finite(state):
+            raise FloatingPointError(
+                f"Non-finite parameters after step {done}; not saved. "
+                "Lower config.inner_opt.learning_rate.")
           ckpt.save(done, state, meta)
-      drain(*pending)
+      if pending is not None:
+        drain(*pending)
   finally:
     ckpt.close()
     writer.close()

@@ -35,6 +35,14 @@ class MetricWriter:
       self._tb.close()
 
 
+def drop_rows_after(path, step: int) -> None:
+  """Removes rows logged after `step` (a resumed run logs them again)."""
+  rows = read_jsonl(path)
+  if any(r["step"] > step for r in rows):
+    epath.Path(path).write_text("".join(
+        json.dumps(r) + "\n" for r in rows if r["step"] <= step))
+
+
 def read_jsonl(path) -> list[dict]:
   path = epath.Path(path)
   if not path.exists():

@@ -24,6 +24,7 @@ import optax
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.diloco import inner as inner_lib
 from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.model import bank as bank_lib
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
 from dipaco_jax.parallel import mesh as mesh_lib
@@ -62,6 +63,9 @@ class Runtime:
     self.outer_tx = outer_lib.outer_optimizer(c.diloco)
     self._build_shardings()
     self.init_state = self._jit_init()
+    self._all_finite = jax.jit(lambda s: jnp.all(jnp.stack([
+        jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(
+            (s["inner_params"], s["outer_params"]))])))
     self.inner_step = self._jit_inner_step()
     self.outer_step = self._jit_outer_step()
 
@@ -202,13 +206,14 @@ class Runtime:
     run.jitted = fn
     return run
 
+  def all_finite(self, state) -> bool:
+    return bool(self._all_finite(state))
+
   # --- Views ------------------------------------------------------------------
 
   def path_params(self, bank, path: int):
     """One path's dense parameters gathered from a bank."""
-    row = self.topology.path_assignment_PxS()[path]
-    return {name: jax.tree.map(lambda x, e=int(row[s]): x[e], bank[name])
-            for s, name in enumerate(self.slot_names)}
+    return bank_lib.bank_path(bank, self.topology, path)
 
   def all_path_params(self, bank):
     """Every path's parameters stacked: {slot: [P, ...]}."""
