@@ -33,7 +33,7 @@ MESH_AXES = ("path", "data", "fsdp", "tensor")
 def base_config() -> ml_collections.ConfigDict:
   """Returns the default config: a tiny dense model on the stdlib corpus."""
   c = ml_collections.ConfigDict()
-  c.seed = 0  # Seeds init, data order, tokenizer and routing.
+  c.seed = 0  # Seeds init, data order and routing (not the data stage).
 
   # --- Data (dipaco_jax.data) -------------------------------------------
   c.data = ml_collections.ConfigDict()

@@ -5,7 +5,9 @@ Command (one H100/H200):
       --workdir=/tmp/dipaco_2x2
 
 Same model, base and schedule as dipaco_4x4, with 2 experts per level.
-Expected result: see BUILD_NOTES.md ("DiPaCo vs dense").
+Expected result (H200, on the site-packages corpus of BUILD_NOTES.md):
+routed once about 39.2 validation perplexity against about 44.9 for the
+dense baseline; BUILD_NOTES.md ("DiPaCo vs dense") has the table.
 """
 
 import importlib.util

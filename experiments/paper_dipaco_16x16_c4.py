@@ -1,9 +1,9 @@
 r"""The DiPaCo paper's 16x16 setup on C4 (256 paths of ~150M), for TPU pods.
 
-Command (Cloud TPU; see README.md "Cloud TPU" for creating the VM and
-preparing C4 with TFDS; every host runs the same command):
+Command (single host for now: multi-host input is not done, see
+BUILD_NOTES.md; C4 prepared with TFDS, README.md "C4 and Cloud TPU"):
   python -m dipaco_jax.main --config=experiments/paper_dipaco_16x16_c4.py \
-      --workdir=gs://BUCKET/dipaco_16x16 --distributed
+      --workdir=gs://BUCKET/dipaco_16x16
 
 The paper's hyperparameters (reference/dipaco_diloco.md section 1.4):
 paths of 12 blocks, d_model 896, 16 heads of 64 (MLP 4x); SentencePiece
@@ -12,7 +12,9 @@ DiPaCo steps (88k in all); inner AdamW lr 4e-4, 1000 warmup steps, cosine,
 weight decay 0.1, batch 512 x 1024 per path; outer Nesterov lr 0.7,
 momentum 0.9; product k-means routing on the base's mean last hidden state
 over the first 32 tokens; top-2 overlapping training shards; 0.5% of the
-training documents held out for one discriminative routing phase.
+training documents held out for the discriminative routing phase (off here:
+set routing.discriminative_steps > 0 to run it after the 64k steps, with
+that many more steps; the paper runs it once, mid-training).
 Choices where the paper is silent (BUILD_NOTES.md): H = 150 inner steps (the
 paper's path-scaling experiment; the headline run's H is not stated), levels
 of 6 + 6 blocks with everything shared but the experts (the paper does not
@@ -48,7 +50,7 @@ def get_config():
   c.routing.method = "product_kmeans"
   c.routing.train_top_k = 2
   c.routing.router_fraction = 0.005
-  c.routing.discriminative_steps = 0  # Set > 0 to run the phase mid-way.
+  c.routing.discriminative_steps = 0  # > 0: the phase, then these steps.
   c.inner_opt.learning_rate = 4e-4
   c.inner_opt.warmup_steps = 1000
   c.inner_opt.weight_decay = 0.1

@@ -1,6 +1,6 @@
 r"""Quickstart: DiPaCo 2x2 against a dense baseline, on CPU in minutes.
 
-Command (2-core CPU, about 4 minutes including the data stage):
+Command (2-core CPU, about 1.5 minutes including the data stage):
   python -m dipaco_jax.main --config=experiments/quickstart.py \
       --workdir=/tmp/dipaco_quickstart
 
@@ -11,9 +11,9 @@ What it runs, on the embedded corpus (Python's standard library source):
   the base, 150 inner steps each, outer Nesterov every 25 steps -> routed
   evaluation against the dense base continued for the same 150 steps.
 
-Expected result: the final table shows the routed DiPaCo perplexity below
-the dense baseline's on the same tokens (see BUILD_NOTES.md for a recorded
-run); re-running the command reuses every finished stage.
+Expected result (recorded on a 2-core CPU, 2026-11-26): DiPaCo routed once
+per document about 67 perplexity against about 70 for the dense baseline on
+the same ~39k tokens; re-running the command reuses every finished stage.
 """
 
 from dipaco_jax import config_base
