@@ -54,22 +54,12 @@ class Topology:
   def layer_slots(self) -> tuple[Slot, ...]:
     return tuple(s for s in self.slots if s.layers)
 
-  def worker_path(self, worker: int) -> int:
-    return worker // self.num_replicas
-
   def path_level_ids(self, path: int) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(path, self.level_sizes))
-
-  def path_workers(self, path: int) -> range:
-    return range(path * self.num_replicas, (path + 1) * self.num_replicas)
 
   def path_assignment_PxS(self) -> np.ndarray:
     """Expert per slot for each path (replica 0's row)."""
     return self.assignment_WxS[::self.num_replicas]
-
-  def users(self, slot_index: int, expert: int) -> np.ndarray:
-    """Workers that use expert `expert` of slot `slot_index`."""
-    return np.flatnonzero(self.assignment_WxS[:, slot_index] == expert)
 
   def describe(self) -> str:
     rows = [f"{self.num_paths} paths x {self.num_replicas} replicas = "

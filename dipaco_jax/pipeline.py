@@ -264,7 +264,7 @@ def _replica_shards(config, data, topology, train_ids, base_exp,
   if base_params is not None:
     feats = _features(config, docs, base_exp, base_params)
   else:  # No base model: the initial embedding's prefix means.
-    init = bank_lib.bank_path(jax.device_get(_fresh_bank(config, data, None)),
+    init = bank_lib.bank_path(jax.device_get(_fresh_bank(config, data)),
                               topology, 0)
     feats = features_lib.prefix_features(None, init, docs,
                                          config.data.prefix_len,
@@ -337,7 +337,7 @@ def run_dipaco(config, workdir) -> dict:
   init_params = None
   if base_params is None:  # Route on the (shared) initial embedding.
     init_params = bank_lib.bank_path(
-        jax.device_get(_fresh_bank(config, data, workdir)), topology, 0)
+        jax.device_get(_fresh_bank(config, data)), topology, 0)
   feats = {name: _features(config, docs, base_exp, base_params, init_params)
            for name, docs in (("paths", train_docs.subset(path_ids)),
                               ("router", train_docs.subset(router_ids)),
@@ -407,9 +407,8 @@ def run_dipaco(config, workdir) -> dict:
   return results
 
 
-def _fresh_bank(config, data, workdir):
+def _fresh_bank(config, data):
   """The initial (random) module bank, for routing without a base."""
-  del workdir
   topology = paths_lib.topology_from_config(config)
   runtime = state_lib.Runtime(config, topology, layers.dims_from_config(
       config.model, data.vocab_size), mesh_lib.make_mesh(config),

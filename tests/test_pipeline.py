@@ -91,6 +91,13 @@ def test_bad_config_fails_before_compute_naming_the_field(tmp_path):
   assert not (tmp_path / "data").exists()
 
 
+def test_unknown_config_keys_are_rejected_by_the_cli(tmp_path):
+  run = _main(tmp_path, "--config.model.num_layer=3")  # typo: num_layers
+  assert run.returncode != 0
+  assert "num_layer" in run.stderr
+  assert not (tmp_path / "data").exists()
+
+
 def test_fake_devices_refuse_a_non_cpu_platform(tmp_path):
   run = _main(tmp_path, fake_devices=8, env={"JAX_PLATFORMS": "cuda"})
   assert run.returncode != 0

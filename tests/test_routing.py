@@ -331,3 +331,30 @@ def test_calibrated_router_via_replace():
   pred_N = np.asarray(discriminative.route_top_k(router, x_NxD, 1)[:, 0])
   got = np.bincount(pred_N, minlength=3) / len(pred_N)
   assert np.abs(got - target_P).max() < 0.03, got
+
+
+def test_router_fit_save_load_and_top_k(tmp_path):
+  from dipaco_jax.routing import router as router_lib  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  centers = rng.normal(size=(4, 6)) * 10
+  x = np.concatenate([c + rng.normal(size=(50, 6)) for c in centers])
+  x = x.astype(np.float32)
+  gen = router_lib.fit_generative(0, x, (2, 2), "product_kmeans", 20)
+  assert gen.kind == "product_kmeans" and len(gen.centroids) == 2
+  top = gen.top_k(x, 2)
+  assert top.shape == (200, 2) and (top[:, 0] != top[:, 1]).all()
+  gen.save(tmp_path / "g.npz")
+  loaded = router_lib.Router.load(tmp_path / "g.npz")
+  np.testing.assert_array_equal(loaded.top_k(x, 2), top)
+  assert loaded.sha256() == gen.sha256()
+  # Discriminative: documents labelled by their lowest-NLL path.
+  labels = np.repeat(np.arange(4), 50)
+  nll = np.ones((200, 4)) + 5.0 * (labels[:, None] != np.arange(4))
+  disc, info = router_lib.fit_discriminative(0, x, nll, (2, 2),
+                                             num_steps=200)
+  assert info["train_accuracy"] > 0.95
+  np.testing.assert_allclose(info["label_shares"], [0.25] * 4)
+  disc.save(tmp_path / "d.npz")
+  again = router_lib.Router.load(tmp_path / "d.npz")
+  np.testing.assert_array_equal(again.top_k(x, 1), disc.top_k(x, 1))
+  assert (disc.top_k(x, 1)[:, 0] == labels).mean() > 0.95

@@ -37,9 +37,9 @@ class Router:
     return -np.asarray(kmeans.path_distances(features_NxD, self.centroids))
 
   def top_k(self, features_NxD, k: int) -> np.ndarray:
+    """[N, k] best paths first (k capped at the number of paths)."""
     scores = self.scores(features_NxD)
-    k = min(k, scores.shape[1])
-    return np.argsort(-scores, axis=1, kind="stable")[:, :k].astype(np.int32)
+    return np.asarray(kmeans.top_k_paths(-scores, min(k, scores.shape[1])))
 
   def arrays(self) -> dict:
     out = {f"centroids_{i}": np.asarray(c)

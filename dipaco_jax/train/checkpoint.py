@@ -35,10 +35,10 @@ class Checkpointer:
   def should_save(self, step: int, last_step: int) -> bool:
     return step == last_step or (self.every > 0 and step % self.every == 0)
 
-  def save(self, step: int, state, meta: dict, force: bool = False) -> None:
+  def save(self, step: int, state, meta: dict) -> None:
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        meta=ocp.args.JsonSave(meta)), force=force)
+        meta=ocp.args.JsonSave(meta)))
 
   def restore(self, step: int, abstract_state, expected_hashes: dict):
     """Restores `step` into the shardings of `abstract_state`."""
@@ -50,9 +50,6 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract_state)))
     logging.info("Restored step %d from %s", step, self.directory)
     return restored["state"], meta
-
-  def wait(self) -> None:
-    self.manager.wait_until_finished()
 
   def close(self) -> None:
     self.manager.wait_until_finished()

@@ -79,16 +79,19 @@ class Runtime:
     return jax.eval_shape(self.model.init, jax.random.key(0),
                           self._dummy_tokens())["params"]
 
+  @property
+  def _workers_spec(self):
+    """The mesh axes of the leading worker axis (`path` by default)."""
+    return nn.logical_to_mesh_axes(("workers",), list(self.rules))
+
   def _build_shardings(self):
     boxed = self.boxed_path_params()
     to_sh = functools.partial(mesh_lib.to_shardings, mesh=self.mesh,
                               rules=self.rules)
-    self.path_param_shardings = to_sh(mesh_lib.logical_specs(boxed))
     self.bank_shardings = to_sh(mesh_lib.logical_specs(boxed, "experts"))
     self.inner_param_shardings = to_sh(mesh_lib.logical_specs(boxed,
                                                               "workers"))
-    workers_axis = nn.logical_to_mesh_axes(("workers",), list(self.rules))
-    worker_vector = jax.sharding.NamedSharding(self.mesh, workers_axis)
+    worker_vector = jax.sharding.NamedSharding(self.mesh, self._workers_spec)
     replicated = mesh_lib.replicated(self.mesh)
     abstract = jax.eval_shape(self._init_fn, jax.random.key(0))
 
@@ -164,24 +167,20 @@ class Runtime:
   def _jit_inner_step(self):
     def step(state, batch_WxBxLp1):
       params, opt_state, metrics = jax.vmap(
-          self._worker_step, spmd_axis_name=self._path_mesh_axes())(
+          self._worker_step, spmd_axis_name=self._workers_spec[0])(
               state["inner_params"], state["inner_opt_state"],
               batch_WxBxLp1)
       state = dict(state, inner_params=params, inner_opt_state=opt_state,
                    step=state["step"] + 1)
       return state, metrics
 
-    metric_sharding = jax.sharding.NamedSharding(
-        self.mesh, nn.logical_to_mesh_axes(("workers",), list(self.rules)))
+    metric_sharding = jax.sharding.NamedSharding(self.mesh,
+                                                 self._workers_spec)
     jitted = jax.jit(step, in_shardings=(self.state_shardings,
                                          self.batch_sharding),
                      out_shardings=(self.state_shardings, metric_sharding),
                      donate_argnums=0)
     return self._in_context(jitted)
-
-  def _path_mesh_axes(self):
-    axes = nn.logical_to_mesh_axes(("workers",), list(self.rules))[0]
-    return axes
 
   def _outer_fn(self, state):
     d = self.config.diloco
