@@ -9,30 +9,13 @@ outer / (H x inner). The DiPaCo issue asks for at most 2% at H = 100.
 """
 
 import argparse
-import importlib.util
-import json
-import time
 
 import jax
 import numpy as np
 
+from dipaco_jax import config_base
 from dipaco_jax import testing
-
-
-def load_config(path):
-  spec = importlib.util.spec_from_file_location("experiment", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
-
-def _time(fn, steps):
-  jax.block_until_ready(fn())
-  t0 = time.perf_counter()
-  for _ in range(steps):
-    out = fn()
-  jax.block_until_ready(out)
-  return (time.perf_counter() - t0) / steps
+import timing  # bench/timing.py (the script's folder is on sys.path)
 
 
 def main():
@@ -43,7 +26,7 @@ def main():
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--out", default="")
   args = p.parse_args()
-  config = load_config(args.config)
+  config = config_base.load_experiment(args.config)
   vocab = args.vocab or config.data.vocab_size
   runtime = testing.tiny_runtime(config, vocab_size=vocab)
   holder = {"state": runtime.init_state(jax.random.key(0))}
@@ -60,8 +43,8 @@ def main():
     holder["state"] = runtime.outer_step(holder["state"])
     return holder["state"]["step"]
 
-  inner_s = _time(inner, args.steps)
-  outer_s = _time(outer, args.steps)
+  inner_s = timing.seconds_per_call(inner, args.steps)
+  outer_s = timing.seconds_per_call(outer, args.steps)
   bank_bytes = sum(x.nbytes for x in jax.tree.leaves(
       holder["state"]["outer_params"]))
   result = {
@@ -70,10 +53,7 @@ def main():
       "seq_len": seq, "inner_step_s": inner_s, "outer_step_s": outer_s,
       "H": args.h, "outer_over_round": outer_s / (args.h * inner_s),
       "bank_bytes": bank_bytes}
-  print(json.dumps(result, indent=1))
-  if args.out:
-    with open(args.out, "w") as f:
-      json.dump(result, f, indent=1)
+  timing.report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ and peak = 989 TFLOP/s (H100/H200 dense bf16 datasheet).
 
 import argparse
 import json
-import time
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +26,7 @@ from dipaco_jax import config_base
 from dipaco_jax import testing
 from dipaco_jax.diloco import inner as inner_lib
 from dipaco_jax.train import state as state_lib
+import timing  # bench/timing.py (the script's folder is on sys.path)
 
 PEAK_FLOPS = 989e12
 
@@ -63,19 +63,6 @@ def flops_per_token(runtime, seq):
       params)
 
 
-def _time(fn, steps, warmup):
-  for _ in range(warmup):
-    fn()
-  jax.effects_barrier()
-  out = fn()
-  jax.block_until_ready(out)
-  t0 = time.perf_counter()
-  for _ in range(steps):
-    out = fn()
-  jax.block_until_ready(out)
-  return (time.perf_counter() - t0) / steps
-
-
 def bench_framework(args, num_paths):
   config = make_config(args, num_paths)
   runtime = testing.tiny_runtime(config, vocab_size=args.vocab)
@@ -90,7 +77,7 @@ def bench_framework(args, num_paths):
 
   compiled = runtime.inner_step.jitted.lower(holder["state"], batch).compile()
   memory = compiled.memory_analysis()
-  seconds = _time(step, args.steps, args.warmup)
+  seconds = timing.seconds_per_call(step, args.steps, args.warmup)
   fpt, params = flops_per_token(runtime, args.seq)
   tokens = num_paths * args.batch * args.seq
   out = {"kind": "framework", "paths": num_paths, "batch_per_path":
@@ -129,7 +116,7 @@ def bench_plain(args, runtime):
                                                 batch)
     return loss
 
-  seconds = _time(step, args.steps, args.warmup)
+  seconds = timing.seconds_per_call(step, args.steps, args.warmup)
   fpt, _ = flops_per_token(runtime, args.seq)
   tokens = args.batch * args.seq
   return {"kind": "plain", "paths": 1, "batch_per_path": args.batch,
@@ -179,10 +166,7 @@ def main():
           r["paths"] * single[0]["seconds_per_step"])
   summary = {"device": device, "jax": jax.__version__, "args": vars(args),
              "results": results}
-  print(json.dumps(summary, indent=1))
-  if args.out:
-    with open(args.out, "w") as f:
-      json.dump(summary, f, indent=1)
+  timing.report(summary, args.out)
 
 
 if __name__ == "__main__":

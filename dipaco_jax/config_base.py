@@ -6,7 +6,9 @@ is commented here once; `validate()` checks the cross-field constraints before
 any compute so that a bad config fails in a second, not an hour in.
 """
 
+import importlib.util
 import math
+import pathlib
 
 import ml_collections
 
@@ -139,6 +141,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.tensor = 1
   c.sharding_rules = DEFAULT_SHARDING_RULES
   return c
+
+
+def load_experiment(path, relative_to: str | None = None):
+  """`get_config()` of an experiment file; `relative_to` (a file) resolves a
+  bare name like 'dense.py' next to it, so configs can build on each other."""
+  path = pathlib.Path(path)
+  if relative_to is not None:
+    path = pathlib.Path(relative_to).with_name(path.name)
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 class ConfigError(ValueError):

@@ -15,16 +15,11 @@ behind synchronous training with the 8x batch (about 6.9) at this scale
 --config.routing.replica_shards=kmeans.
 """
 
-import importlib.util
-import pathlib
+from dipaco_jax import config_base
 
 
 def get_config():
-  path = pathlib.Path(__file__).with_name("dense.py")
-  spec = importlib.util.spec_from_file_location("dense", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  c = config_base.load_experiment("dense.py", relative_to=__file__)
   c.paths.shape = "1"
   c.paths.num_replicas = 8
   c.diloco.inner_steps = 50

@@ -10,15 +10,10 @@ routed once about 39.2 validation perplexity against about 44.9 for the
 dense baseline; BUILD_NOTES.md ("DiPaCo vs dense") has the table.
 """
 
-import importlib.util
-import pathlib
+from dipaco_jax import config_base
 
 
 def get_config():
-  path = pathlib.Path(__file__).with_name("dipaco_4x4.py")
-  spec = importlib.util.spec_from_file_location("dipaco_4x4", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  c = config_base.load_experiment("dipaco_4x4.py", relative_to=__file__)
   c.paths.shape = "2x2"
   return c

@@ -8,16 +8,11 @@ Command (runs every point one after another, one workdir each):
 each point. Expected result: see BUILD_NOTES.md ("DiLoCo vs synchronous").
 """
 
-import importlib.util
-import pathlib
+from dipaco_jax import config_base
 
 
 def get_config():
-  path = pathlib.Path(__file__).with_name("diloco.py")
-  spec = importlib.util.spec_from_file_location("diloco", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return config_base.load_experiment("diloco.py", relative_to=__file__)
 
 
 def get_sweep():
