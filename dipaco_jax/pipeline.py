@@ -455,10 +455,18 @@ def _path_params_for_eval(exp, state, stopper, path):
   return params
 
 
-def _nll_all_paths(exp, state, stopper, layout, config):
-  return np.stack([routed.token_nll(
-      exp.model, _path_params_for_eval(exp, state, stopper, p), layout,
-      config.train.eval_batch_size) for p in range(exp.topology.num_paths)])
+def _score_paths(exp, state, stopper, layout, config, on_path):
+  """Scores `layout` under every path, one path at a time, so memory stays
+  at one path's [windows, L] NLLs: calls `on_path(p, nll_MxL)`."""
+  for p in range(exp.topology.num_paths):
+    on_path(p, routed.token_nll(
+        exp.model, _path_params_for_eval(exp, state, stopper, p), layout,
+        config.train.eval_batch_size))
+
+
+def _per_doc_nll(layout, nll_MxL):
+  return np.bincount(layout.windows["doc_index"], weights=nll_MxL.sum(1),
+                     minlength=layout.num_docs)
 
 
 def _discriminative(config, data, exp, result, stopper, router, feats,
@@ -467,11 +475,13 @@ def _discriminative(config, data, exp, result, stopper, router, feats,
   docs = data.docs["train"].subset(router_ids)
   layout = routed.make_layout(docs, config.data.seq_len,
                               config.data.prefix_len)
-  nll_PxMxL = _nll_all_paths(exp, result.state, stopper, layout, config)
+  nll_NxP = np.zeros((len(docs), exp.topology.num_paths))
+
+  def on_path(p, nll_MxL):
+    nll_NxP[:, p] = _per_doc_nll(layout, nll_MxL)
+
+  _score_paths(exp, result.state, stopper, layout, config, on_path)
   doc_M = layout.windows["doc_index"]
-  nll_NxP = np.stack([np.bincount(doc_M, weights=n.sum(1),
-                                  minlength=len(docs)) for n in nll_PxMxL],
-                     axis=1)
   scored = layout.windows["weights"].sum(1)
   keep = np.bincount(doc_M, weights=scored, minlength=len(docs)) > 0
   disc, info = router_lib.fit_discriminative(
@@ -494,12 +504,12 @@ def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
   layout = routed.make_layout(val, config.data.seq_len,
                               config.data.prefix_len)
   count = layout.windows["weights"].sum()
-  nll_PxMxL = _nll_all_paths(exp, result.state, stopper, layout, config)
+  doc_M = layout.windows["doc_index"]
   doc_paths = router.top_k(val_feats, 1)[:, 0]
-  once = routed.route_once(layout, doc_paths)
-  out = {"models": {}}
-  out["models"]["dipaco routed once per document"] = routed.summary(
-      routed.routed_nll(nll_PxMxL, once), count)
+  # Which path scores each token, per routing scheme; then one pass over
+  # the paths adds up the tokens each scheme gave to that path.
+  routes = {"dipaco routed once per document":
+            routed.route_once(layout, doc_paths)}
   every = config.eval.reroute_every
   if every > 0:
     feature_model = base_exp.model if base_exp is not None else None
@@ -513,13 +523,21 @@ def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
     route = lambda f: router.top_k(f, 1)[:, 0]
     for cumulative, label in ((False, "the previous chunk"),
                               (True, "all tokens so far")):
-      path_MxL = routed.route_every(layout, config.data.prefix_len, every,
-                                    doc_paths, group_sums, route, cumulative)
-      out["models"][f"dipaco re-routed every {every} tokens ({label})"] = (
-          routed.summary(routed.routed_nll(nll_PxMxL, path_MxL), count))
-  doc_M = layout.windows["doc_index"]
-  per_doc_PxN = np.stack([np.bincount(doc_M, weights=n.sum(1),
-                                      minlength=len(val)) for n in nll_PxMxL])
+      routes[f"dipaco re-routed every {every} tokens ({label})"] = (
+          routed.route_every(layout, config.data.prefix_len, every,
+                             doc_paths, group_sums, route, cumulative))
+  totals = routed.RoutedTotals(routes)
+  per_doc_PxN = np.zeros((exp.topology.num_paths, len(val)))
+  own_nll_P = np.zeros(exp.topology.num_paths)
+
+  def on_path(p, nll_MxL):
+    totals.add(p, nll_MxL)
+    per_doc_PxN[p] = _per_doc_nll(layout, nll_MxL)
+    own_nll_P[p] = per_doc_PxN[p][doc_paths == p].sum()
+
+  _score_paths(exp, result.state, stopper, layout, config, on_path)
+  out = {"models": {name: routed.summary(nll, count)
+                    for name, nll in totals.nll.items()}}
   out["models"]["dipaco best path per document (oracle)"] = routed.summary(
       per_doc_PxN.min(0).sum(), count)
   dense_nll = routed.token_nll(dense_exp.model,
@@ -532,15 +550,13 @@ def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
   out["paths"] = []
   for p in range(exp.topology.num_paths):
     mine = doc_paths == p
-    own = np.isin(doc_M, np.flatnonzero(mine))
     out["paths"].append({
         "path": p, "level_ids": list(exp.topology.path_level_ids(p)),
         "train_documents": exp.manifest["shards"][p]["num_documents"],
         "train_tokens": exp.manifest["shards"][p]["num_tokens"],
         "validation_documents": int(mine.sum()),
         "validation_tokens": int(tokens_N[mine].sum()),
-        "validation": routed.summary(nll_PxMxL[p][own].sum(),
-                                     layout.windows["weights"][own].sum()),
+        "validation": routed.summary(own_nll_P[p], tokens_N[mine].sum()),
         "early_stopping_step": (stopper.best.get(str(p), {}).get("step")
                                 if stopper else None)})
   return out

@@ -65,7 +65,8 @@ def test_route_every_cumulative_reads_everything_so_far():
 def test_routed_once_selects_each_documents_path():
   layout = routed.make_layout(_docs([12, 12]), seq_len=8, prefix_len=4)
   path = routed.route_once(layout, np.array([1, 0]))
-  nll = np.stack([np.full(path.shape, 1.0), np.full(path.shape, 3.0)])
-  nll = nll * layout.windows["weights"][None]
+  totals = routed.RoutedTotals({"once": path})
+  for p, value in ((0, 1.0), (1, 3.0)):  # path p scores every token `value`
+    totals.add(p, np.full(path.shape, value) * layout.windows["weights"])
   # Doc 0 (8 scored tokens) on path 1 (3.0), doc 1 (8) on path 0 (1.0).
-  assert routed.routed_nll(nll, path) == 8 * 3.0 + 8 * 1.0
+  assert totals.nll["once"] == 8 * 3.0 + 8 * 1.0

@@ -1,8 +1,8 @@
 """Routed evaluation: each document (or each window of it) scored by one path.
 
-Per-token negative log-likelihoods are computed once under every path
-(`nll_PxMxL`); routing decisions then just pick, per token, which path's
-number counts. That makes routed-once, re-routed every N tokens, the dense
+Per-token negative log-likelihoods are computed once under every path, one
+path at a time; routing decisions just pick, per token, which path's number
+counts (`RoutedTotals`). That makes routed-once, re-routed every N tokens, the dense
 baseline and per-path best (oracle) scores exactly comparable: the same
 tokens, the first `prefix_len` of each document never scored.
 """
@@ -72,8 +72,17 @@ def token_nll(model, params, layout: Layout, batch_size: int) -> np.ndarray:
   return out
 
 
-def routed_nll(nll_PxMxL, path_MxL) -> float:
-  return float(np.take_along_axis(nll_PxMxL, path_MxL[None], 0).sum())
+class RoutedTotals:
+  """Adds up, path by path, the NLL of the tokens each routing scheme gives
+  to that path (so only one path's NLLs are in memory at a time)."""
+
+  def __init__(self, routes: dict):
+    self.routes = routes  # name -> path of every token [M, L]
+    self.nll = {name: 0.0 for name in routes}
+
+  def add(self, path: int, nll_MxL) -> None:
+    for name, path_MxL in self.routes.items():
+      self.nll[name] += float(nll_MxL[path_MxL == path].sum())
 
 
 def summary(nll: float, count: float) -> dict:
