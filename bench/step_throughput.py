@@ -57,10 +57,12 @@ def flops_per_token(runtime, seq):
   params = sum(int(np.prod(x.value.shape if hasattr(x, "value") else x.shape))
                for x in jax.tree.leaves(
                    boxed, is_leaf=lambda x: hasattr(x, "value")))
-  embedding = runtime.dims.padded_vocab * runtime.dims.d_model
   d = runtime.dims
-  return 6 * (params - embedding) + 12 * d.num_layers * d.d_model * seq, (
-      params)
+  embedding = d.padded_vocab * d.d_model
+  # A tied table is also the head, whose matmul does count.
+  head = embedding if d.tie_embeddings else 0
+  return 6 * (params - embedding + head) + (
+      12 * d.num_layers * d.d_model * seq), params
 
 
 def bench_framework(args, num_paths):

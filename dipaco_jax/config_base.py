@@ -68,6 +68,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.scan_unroll = 0  # Layers per scan iteration; 0 = fully unrolled
   #                          (fastest step), 1 = rolled (fastest compile).
   c.model.init_std = 0.02
+  c.model.tie_embeddings = False  # One table for input embedding and head.
 
   # --- Paths: the module bank (dipaco_jax.paths) ------------------------
   c.paths = ml_collections.ConfigDict()

@@ -1,5 +1,7 @@
 """Model: shapes, causality, path composition, remat, shardings."""
 
+import os
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -126,3 +128,33 @@ def test_state_shardings_on_fake_8_device_mesh():
   adam = [x for x in mu if hasattr(x, "mu")][0]
   assert adam.mu["layers_00_01"]["blocks"]["mlp"]["gate_up"].sharding == (
       gate_up.sharding)
+
+
+def test_tied_embeddings_share_the_table_and_stay_causal():
+  dims = layers.ModelDims(**{**DIMS.__dict__, "tie_embeddings": True})
+  model = transformer.build_model(dims, paths_lib.build_topology(4, (1,)))
+  tokens = jnp.arange(24, dtype=jnp.int32).reshape(2, 12) % 97
+  params = _init(model, tokens)
+  assert "head" not in params["embed_head"]
+  logits = model.apply({"params": params}, tokens)
+  assert logits.shape == (2, 12, 128) and np.isfinite(logits).all()
+  bumped = jax.tree.map(lambda x: x, params)
+  bumped["embed_head"]["embedding"] = params["embed_head"]["embedding"].at[
+      5].add(1.0)  # token 5's row: both its input vector and its logit
+  changed = model.apply({"params": bumped}, tokens)
+  assert np.abs(np.asarray(changed - logits)[..., 5]).max() > 1e-3
+
+
+def test_paper_config_paths_have_150m_parameters():
+  from dipaco_jax import config_base  # pylint: disable=g-import-not-at-top
+  config = config_base.load_experiment(
+      os.path.join(os.path.dirname(__file__), "..", "experiments",
+                   "paper_dipaco_16x16_c4.py"))
+  dims = layers.dims_from_config(config.model, config.data.vocab_size)
+  topology = paths_lib.build_topology(12, (16, 16), (6, 6))
+  model = transformer.build_model(dims, topology)
+  shapes = jax.eval_shape(model.init, jax.random.key(0),
+                          jnp.zeros((1, 8), jnp.int32))["params"]
+  count = sum(int(np.prod(x.value.shape)) for x in jax.tree.leaves(
+      shapes, is_leaf=lambda x: hasattr(x, "value")))
+  assert 145e6 < count < 155e6, count  # the paper: 150M per path

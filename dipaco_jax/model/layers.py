@@ -28,6 +28,7 @@ class ModelDims:
   remat: str = "none"
   scan_layers: bool = True
   scan_unroll: int = 0  # Layers per loop iteration; 0 = fully unrolled.
+  tie_embeddings: bool = False
   init_std: float = 0.02
 
   @property
@@ -59,6 +60,7 @@ def dims_from_config(model_config, vocab_size: int) -> ModelDims:
       remat=model_config.remat,
       scan_layers=model_config.scan_layers,
       scan_unroll=model_config.scan_unroll,
+      tie_embeddings=model_config.tie_embeddings,
       init_std=model_config.init_std)
 
 

@@ -25,24 +25,35 @@ class EmbedHead(nn.Module):
 
   def setup(self):
     d = self.dims
+    # A tied table doubles as the head, so it is initialized at the head's
+    # scale and the input side multiplies by sqrt(d_model) (as Gemma does).
     self.embedding = self.param(
         "embedding", nn.with_logical_partitioning(
-            nn.initializers.normal(1.0), ("vocab", "embed")),
+            nn.initializers.normal(d.d_model ** -0.5 if d.tie_embeddings
+                                   else 1.0), ("vocab", "embed")),
         (d.padded_vocab, d.d_model), jnp.float32)
     self.final_norm = layers.RMSNorm(d)
-    self.head = self.param(
-        "head", nn.with_logical_partitioning(
-            nn.initializers.normal(d.d_model ** -0.5), ("embed", "vocab")),
-        (d.d_model, d.padded_vocab), jnp.float32)
+    if not d.tie_embeddings:
+      self.head = self.param(
+          "head", nn.with_logical_partitioning(
+              nn.initializers.normal(d.d_model ** -0.5), ("embed", "vocab")),
+          (d.d_model, d.padded_vocab), jnp.float32)
 
   def embed(self, tokens_BxL):
-    return jnp.take(self.embedding, tokens_BxL, axis=0).astype(
-        self.dims.compute_dtype)
+    x_BxLxD = jnp.take(self.embedding, tokens_BxL, axis=0)
+    if self.dims.tie_embeddings:
+      x_BxLxD = x_BxLxD * self.dims.d_model ** 0.5
+    return x_BxLxD.astype(self.dims.compute_dtype)
 
   def logits(self, x_BxLxD):
     x_BxLxD = self.final_norm(x_BxLxD)
-    logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD,
-                              self.head.astype(self.dims.compute_dtype))
+    dtype = self.dims.compute_dtype
+    if self.dims.tie_embeddings:
+      logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD,
+                                self.embedding.astype(dtype))
+    else:
+      logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD,
+                                self.head.astype(dtype))
     if self.dims.padded_vocab == self.dims.vocab_size:
       return logits_BxLxV
     # Padding ids never occur; a large negative logit removes them from the
