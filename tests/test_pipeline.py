@@ -149,3 +149,24 @@ def test_diloco_main_job_with_kmeans_replica_shards(tmp_path):
   assert manifest["hashes"]["router"] not in ("iid", "none")
   sizes = [s["num_documents"] for s in manifest["shards"]]
   assert sum(sizes) == results["data"]["train"]["documents"] and min(sizes)
+
+
+def test_shards_are_reused_only_for_the_same_documents(tmp_path):
+  from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(5, 30, 40)
+  docs = token_store.TokenDocs(
+      rng.integers(4, 97, lengths.sum()).astype(np.int32),
+      np.r_[0, np.cumsum(lengths)])
+  hashes = {"corpus": "c", "tokenizer": "t", "router": "r"}
+  split = [np.arange(0, 20), np.arange(20, 40)]
+  _, first = pipeline.make_shards(tmp_path, "s", docs, split, hashes)
+  manifest_file = tmp_path / "shards" / "s" / "manifest.json"
+  stamp = manifest_file.stat().st_mtime_ns
+  _, again = pipeline.make_shards(tmp_path, "s", docs, split, hashes)
+  assert again == first and manifest_file.stat().st_mtime_ns == stamp
+  # Same provenance (router hash), other documents: rewritten.
+  other = [np.arange(0, 25), np.arange(25, 40)]
+  _, changed = pipeline.make_shards(tmp_path, "s", docs, other, hashes)
+  assert changed["hashes"]["documents"] != first["hashes"]["documents"]
+  assert changed["shards"][0]["num_documents"] == 25
