@@ -7,7 +7,6 @@ checkpoint reproduces an uninterrupted run exactly (DESIGN invariant 3).
 
 import dataclasses
 
-from absl import logging
 from etils import epath
 import jax
 import numpy as np
@@ -59,7 +58,8 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   start = int(jax.device_get(state["step"]))
   if start >= num_steps:
     ckpt.close()
-    logging.info("[%s] already trained %d steps; reusing.", name, start)
+    print(f"[{name}] already trained {start} steps in {run_dir}; reusing.",
+          flush=True)
     return TrainResult(state, start, latest, 0.0, np.array([]))
 
   if latest is not None:  # Steps logged after the checkpoint run again.
