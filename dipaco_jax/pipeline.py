@@ -116,6 +116,35 @@ def make_shards(workdir, name, docs, doc_indices_per_shard, hashes):
   return directory, manifest
 
 
+def _key(*parts) -> str:
+  """A short hash of JSON-able parts and numpy arrays, for cache names."""
+  h = hashlib.sha256()
+  for part in parts:
+    if isinstance(part, np.ndarray):
+      h.update(np.ascontiguousarray(part).tobytes())
+    else:
+      h.update(json.dumps(part, sort_keys=True, default=str).encode())
+    h.update(b"|")
+  return h.hexdigest()[:16]
+
+
+def _cached_arrays(path, compute) -> dict:
+  """`compute()` (a dict of arrays), saved at `path` and loaded from it when
+  present; written through a temporary file so a crash leaves no half."""
+  path = epath.Path(path)
+  if path.exists():
+    with path.open("rb") as f:
+      z = np.load(f)
+      return {k: z[k] for k in z.files}
+  arrays = compute()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = epath.Path(str(path) + ".tmp")
+  with tmp.open("wb") as f:
+    np.savez(f, **arrays)
+  tmp.replace(path)
+  return arrays
+
+
 def split_router_docs(num_docs: int, fraction: float, seed: int):
   """Training documents for paths, and a held-out set for the router."""
   order = np.random.default_rng([seed, 11]).permutation(num_docs)
@@ -338,19 +367,31 @@ def run_dipaco(config, workdir) -> dict:
   if base_params is None:  # Route on the (shared) initial embedding.
     init_params = bank_lib.bank_path(
         jax.device_get(_fresh_bank(config, data)), topology, 0)
-  feats = {name: _features(config, docs, base_exp, base_params, init_params)
-           for name, docs in (("paths", train_docs.subset(path_ids)),
-                              ("router", train_docs.subset(router_ids)),
-                              ("validation", data.docs["validation"]))}
-
-  router_path = workdir / "router" / "generative.npz"
-  router = router_lib.fit_generative(config.seed, feats["paths"], ks,
-                                     config.routing.method,
-                                     config.routing.kmeans_iters)
-  router.save(router_path)
-  print(f"[router] {router.kind} {'x'.join(map(str, ks))} on "
-        f"{len(path_ids):,} prefixes of {config.data.prefix_len} tokens",
-        flush=True)
+  # Features and the router are cached under keys of everything they
+  # depend on (the base run's hashes, the documents, the routing config).
+  feats_key = _key(data.hashes, base_exp.hashes if base_exp else "init",
+                   config.seed, config.routing.features,
+                   config.data.prefix_len, path_ids, router_ids)
+  feats = _cached_arrays(
+      workdir / "router" / f"features_{feats_key}.npz",
+      lambda: {name: _features(config, docs, base_exp, base_params,
+                               init_params)
+               for name, docs in (("paths", train_docs.subset(path_ids)),
+                                  ("router", train_docs.subset(router_ids)),
+                                  ("validation", data.docs["validation"]))})
+  router_path = workdir / "router" / "generative_{}.npz".format(_key(
+      feats_key, config.routing.method, ks, config.routing.kmeans_iters))
+  if router_path.exists():
+    router = router_lib.Router.load(router_path)
+    print(f"[router] reusing {router_path}", flush=True)
+  else:
+    router = router_lib.fit_generative(config.seed, feats["paths"], ks,
+                                       config.routing.method,
+                                       config.routing.kmeans_iters)
+    router.save(router_path)
+    print(f"[router] {router.kind} {'x'.join(map(str, ks))} on "
+          f"{len(path_ids):,} prefixes of {config.data.prefix_len} tokens",
+          flush=True)
 
   init_bank = (bank_lib.path_params_to_bank(base_params, base_exp.topology,
                                             topology)
@@ -362,9 +403,18 @@ def run_dipaco(config, workdir) -> dict:
 
   disc_info = None
   if config.routing.discriminative_steps > 0:
-    router, disc_info = _discriminative(config, data, exp, result, stopper,
-                                        router, feats, router_ids)
-    router.save(workdir / "router" / "discriminative.npz")
+    disc_path = workdir / "router" / "discriminative_{}.npz".format(_key(
+        exp.hashes, router.sha256(), feats_key))
+    info_path = epath.Path(str(disc_path).replace(".npz", ".json"))
+    if disc_path.exists() and info_path.exists():
+      router = router_lib.Router.load(disc_path)
+      disc_info = json.loads(info_path.read_text())
+      print(f"[router] reusing {disc_path}", flush=True)
+    else:
+      router, disc_info = _discriminative(config, data, exp, result, stopper,
+                                          router, feats, router_ids)
+      router.save(disc_path)
+      info_path.write_text(json.dumps(disc_info))
     disc_cfg = derive_config(config, **{
         "train.num_steps": config.routing.discriminative_steps})
     exp, result, stopper = _train_paths(

@@ -78,6 +78,7 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
   again = _main(tmp_path, *flags, fake_devices=8)
   assert again.returncode == 0, again.stderr[-3000:]
   assert "[data] reusing" in again.stdout
+  assert again.stdout.count("[router] reusing") == 2  # k-means, linear
   assert "[dipaco] already trained 8 steps" in again.stdout
   assert "(reused)" in again.stdout
   assert json.loads((tmp_path / "results.json").read_text())["models"] == (
