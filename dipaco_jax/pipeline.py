@@ -597,6 +597,7 @@ def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
       dense_nll.sum(), count)
   tokens_N = np.bincount(doc_M, weights=layout.windows["weights"].sum(1),
                          minlength=len(val))
+  dense_N = _per_doc_nll(layout, dense_nll)
   out["paths"] = []
   for p in range(exp.topology.num_paths):
     mine = doc_paths == p
@@ -607,6 +608,8 @@ def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
         "validation_documents": int(mine.sum()),
         "validation_tokens": int(tokens_N[mine].sum()),
         "validation": routed.summary(own_nll_P[p], tokens_N[mine].sum()),
+        "validation_dense": routed.summary(dense_N[mine].sum(),
+                                           tokens_N[mine].sum()),
         "early_stopping_step": (stopper.best.get(str(p), {}).get("step")
                                 if stopper else None)})
   return out

@@ -36,14 +36,14 @@ def final_table(results: dict) -> str:
         if t["tokens_per_s"] else "(reused)", _bytes(t["bytes_communicated"])]
        for t in train]))
   if results.get("paths"):
+    ppl = lambda m: f"{m['perplexity']:.2f}" if m["tokens"] else "-"
     out.append(_table(
         ["path", "experts", "train docs", "train tokens", "val docs",
-         "val ppl (own docs)"],
+         "val ppl: path", "val ppl: dense"],
         [[p["path"], "/".join(map(str, p["level_ids"])),
           f"{p['train_documents']:,}", f"{p['train_tokens']:,}",
-          p["validation_documents"],
-          f"{p['validation']['perplexity']:.2f}"
-          if p["validation"]["tokens"] else "-"] for p in results["paths"]]))
+          p["validation_documents"], ppl(p["validation"]),
+          ppl(p["validation_dense"])] for p in results["paths"]]))
   out.append(f"wall time {results['wall_seconds']:.0f} s")
   return "\n".join(out)
 
@@ -102,14 +102,13 @@ def plot_paths(workdir, results, filename="paths.png") -> str:
   ax1.bar(xs, [p["train_tokens"] for p in paths], color="tab:blue")
   ax1.set_ylabel("training tokens")
   ax1.set_title("Shards and routed validation perplexity per path")
-  ppl = [p["validation"]["perplexity"] if p["validation"]["tokens"] else 0
-         for p in paths]
-  ax2.bar(xs, ppl, color="tab:orange", label="path on its routed docs")
-  dense = [m for k, m in results["models"].items() if k.startswith("dense")]
-  if dense:
-    ax2.axhline(dense[0]["perplexity"], color="k", ls="--",
-                label="dense baseline (all docs)")
-  ax2.set_ylabel("validation perplexity")
+  value = lambda m: m["perplexity"] if m["tokens"] else 0
+  offsets = [x - 0.2 for x in xs], [x + 0.2 for x in xs]
+  ax2.bar(offsets[0], [value(p["validation"]) for p in paths], width=0.4,
+          color="tab:orange", label="the path")
+  ax2.bar(offsets[1], [value(p["validation_dense"]) for p in paths],
+          width=0.4, color="tab:gray", label="dense baseline")
+  ax2.set_ylabel("perplexity on the path's\nrouted validation docs")
   ax2.set_xlabel("path")
   ax2.set_xticks(xs)
   ax2.legend()

@@ -67,6 +67,9 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
   assert len(results["paths"]) == 4
   assert sum(p["validation_documents"] for p in results["paths"]) == (
       results["data"]["validation"]["documents"])
+  routed_tokens = sum(p["validation_dense"]["tokens"]
+                      for p in results["paths"])
+  assert routed_tokens == models["dense baseline (one path's size)"]["tokens"]
   assert all(p["early_stopping_step"] in (4, 8) for p in results["paths"])
   assert results["communication"]["bytes_outer_sync"] > 0
   assert (tmp_path / "plots" / "loss.png").exists()
