@@ -1,1 +1,0 @@
-"""dipaco_jax.islands."""
