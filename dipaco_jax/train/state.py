@@ -214,11 +214,6 @@ class Runtime:
     """One path's dense parameters gathered from a bank."""
     return bank_lib.bank_path(bank, self.topology, path)
 
-  def all_path_params(self, bank):
-    """Every path's parameters stacked: {slot: [P, ...]}."""
-    return outer_lib.gather_workers(bank, self.topology.path_assignment_PxS(),
-                                    self.slot_names)
-
   def worker_rows(self, data_batch):
     return jax.make_array_from_process_local_data(self.batch_sharding,
                                                   data_batch)
