@@ -79,3 +79,27 @@ def test_derived_dense_runs_are_validated_up_front():
   config_base.validate(config, num_devices=8)
   with pytest.raises(config_base.ConfigError, match="base run derived"):
     pipeline.check_config(config)  # ...but the 1-worker base has data = 8
+
+
+def test_diloco_config_arms_share_everything_but_the_workers_and_batch():
+  """The paper's comparison: the baselines differ from DiLoCo only in the
+  number of replicas and, for synchronous training, an 8x batch."""
+  from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
+  path = _EXPERIMENTS / "diloco.py"
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  arms = {a: module.get_config(a)
+          for a in ("diloco", "one_replica", "sync_8x_batch")}
+  for config in arms.values():
+    pipeline.check_config(config)
+  assert arms["diloco"].paths.num_replicas == 8
+  assert arms["sync_8x_batch"].train.batch_size == (
+      8 * arms["one_replica"].train.batch_size)
+  assert (arms["diloco"].model.to_dict() == arms["one_replica"].model.to_dict()
+          == arms["sync_8x_batch"].model.to_dict())
+  base_hashes = {pipeline.training_hash(pipeline.base_config_of(c))
+                 for c in arms.values()}
+  assert len(base_hashes) == 1  # all three fork from one dense base
+  with pytest.raises(ValueError, match="one of"):
+    module.get_config("sync")
