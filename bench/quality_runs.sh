@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The DiPaCo and first DiLoCo evidence of BUILD_NOTES.md, on one GPU:
-#   DiLoCo x8 vs dense (1 replica) vs dense with an 8x batch (from scratch),
-#   DiPaCo 2x2 and 4x4 vs the dense baseline (routed once / re-routed).
+# The DiPaCo evidence of BUILD_NOTES.md, on one GPU: DiPaCo 2x2 and 4x4 vs
+# the dense baseline (routed once / re-routed / oracle). The DiLoCo evidence
+# is bench/diloco_runs.sh.
 # Usage: [RUNS="dipaco_2x2 dipaco_4x4"] bash bench/quality_runs.sh OUT [WORK]
 # Writes OUT/<run>.json (each run's results.json) and OUT/runs.log.
 set -uo pipefail
 out=${1:?OUT_DIR}; work=${2:-/tmp/dipaco_quality}
-runs=${RUNS:-diloco dense dense_8x_batch dipaco_2x2 dipaco_4x4}
+runs=${RUNS:-dipaco_2x2 dipaco_4x4}
 mkdir -p "$out" "$work"
 log="$out/runs.log"
 # The GPU image's standard library is small (about 2.4M tokens), too small
-# for 8 replicas or 16 paths without many epochs: train on the image's
+# for 16 paths without many epochs: train on the image's
 # site-packages Python source instead (capped, deterministic).
 sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 corpus=(--config.data.corpus=text_files "--config.data.text_glob=$sp/**/*.py"
@@ -31,12 +31,6 @@ run() {  # name, then main.py arguments; later runs reuse the first's data
 }
 for name in $runs; do
   case $name in
-    diloco) run diloco --config=experiments/diloco.py ;;
-    dense) run dense --config=experiments/dense.py --config.base.num_steps=0 \
-             --config.train.num_steps=500 ;;
-    dense_8x_batch) run dense_8x_batch --config=experiments/dense.py \
-             --config.base.num_steps=0 --config.train.num_steps=500 \
-             --config.train.batch_size=64 ;;
     dipaco_2x2) run dipaco_2x2 --config=experiments/dipaco_2x2.py ;;
     dipaco_4x4)
       # 4x4 forks from the same base, compares with the same dense baseline.

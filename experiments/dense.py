@@ -7,10 +7,11 @@ On a CPU, shrink it: --config.model.num_layers=2 --config.model.d_model=128
 --config.model.mlp_dim=512 --config.train.num_steps=100
 --config.data.max_corpus_chars=2000000 --config.model.dtype=float32.
 
-The model matches a path of experiments/dipaco_4x4.py; the schedule (dense
-base 500 steps, then 2000) matches one replica of experiments/diloco.py.
-Expected result (H200, site-packages corpus of BUILD_NOTES.md): validation
-perplexity about 21; with --config.train.batch_size=64 about 6.9.
+The model matches a path of experiments/dipaco_4x4.py; experiments/diloco.py
+builds on this file with a smaller model and a larger batch.
+Expected result (H200, site-packages corpus capped at 150M characters, row 4
+of BUILD_NOTES.md "DiLoCo vs synchronous"): validation perplexity about 21;
+with --config.train.batch_size=64 about 6.9.
 """
 
 from dipaco_jax import config_base
