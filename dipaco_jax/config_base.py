@@ -98,6 +98,9 @@ def base_config() -> ml_collections.ConfigDict:
   # --- Evaluation ----------------------------------------------------------
   c.eval = ml_collections.ConfigDict()
   c.eval.reroute_every = 64  # Also score re-routing every N tokens (0: off).
+  # With re-routing, also fit the learned window router on the router
+  # documents (labels: each chunk's best path) and score its re-routing.
+  c.eval.learned_reroute = True
   c.eval.early_stopping = False  # Keep each path's best snapshot (paper 2.7)
   c.eval.holdout_fraction = 0.05  # Share of each shard held out for it.
 
@@ -258,6 +261,16 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
           "capped at the number of paths).")
   if r.replica_shards not in ("iid", "kmeans"):
     _fail("routing.replica_shards", "use iid or kmeans.")
+  if not 0.0 <= r.router_fraction < 0.5:
+    _fail("routing.router_fraction", "must be in [0, 0.5).")
+  multi_path = math.prod(levels) > 1
+  if multi_path and r.router_fraction == 0 and (
+      r.discriminative_steps > 0 or (config.eval.reroute_every > 0 and
+                                     config.eval.learned_reroute)):
+    _fail("routing.router_fraction", "the discriminative phase and the "
+          "learned re-router are fit on held-out router documents: set it > 0 "
+          "(e.g. 0.05), or turn them off (routing.discriminative_steps=0, "
+          "eval.learned_reroute=False).")
   if not 0.0 <= config.eval.holdout_fraction < 0.5:
     _fail("eval.holdout_fraction", "must be in [0, 0.5).")
   if t.num_steps < 1 or t.batch_size < 1:

@@ -434,16 +434,35 @@ def run_dipaco(config, workdir) -> dict:
                 if base_params is not None else None)
   dense_result = dense_exp.train(dense_init, init_from=base_exp)
 
+  feature_source = (base_exp, base_params, init_params)
+  window_router, window_info = None, None
+  if config.eval.reroute_every > 0 and config.eval.learned_reroute:
+    window_path = workdir / "router" / "window_{}.npz".format(_key(
+        exp.hashes, router.sha256(), feats_key, config.eval.reroute_every,
+        config.eval.early_stopping, config.eval.holdout_fraction))
+    info_path = epath.Path(str(window_path).replace(".npz", ".json"))
+    if window_path.exists() and info_path.exists():
+      window_router = router_lib.Router.load(window_path)
+      window_info = json.loads(info_path.read_text())
+      print(f"[router] reusing {window_path}", flush=True)
+    else:
+      window_router, window_info = _fit_window_router(
+          config, data, exp, result, stopper, router, feats["router"],
+          router_ids, feature_source)
+      window_router.save(window_path)
+      info_path.write_text(json.dumps(window_info))
+
   results = _evaluate_dipaco(config, data, exp, result, stopper, router,
-                             feats["validation"], base_exp, base_params,
-                             init_params, dense_exp, dense_result)
+                             feats["validation"], feature_source,
+                             window_router, dense_exp, dense_result)
   results.update({
       "kind": "dipaco",
       "prefix_len": config.data.prefix_len,
       "router": {"kind": router.kind, "train_top_k": min(
           config.routing.train_top_k, num_paths),
                  "router_documents": int(len(router_ids)),
-                 "discriminative": disc_info},
+                 "discriminative": disc_info,
+                 "window_router": window_info},
       "runs": [_train_summary(e, r) for e, r in phases] + [
           _train_summary(dense_exp, dense_result)],
       "data": _data_summary(data),
@@ -545,8 +564,58 @@ def _discriminative(config, data, exp, result, stopper, router, feats,
   return disc, info
 
 
+def _group_sums_fn(config, layout, feature_source):
+  """Routing-feature sums over groups of `layout`'s input positions, from
+  the base model (or the initial embedding when there is no base)."""
+  base_exp, base_params, init_params = feature_source
+  model = base_exp.model if base_exp is not None else None
+  params = base_params if base_params is not None else init_params
+
+  def group_sums(group_MxL, num_groups):
+    return features_lib.group_feature_sums(
+        model, params, layout.windows["inputs"], group_MxL, num_groups,
+        config.routing.features, config.train.eval_batch_size)
+  return group_sums
+
+
+def _fit_window_router(config, data, exp, result, stopper, doc_router,
+                       router_feats, router_ids, feature_source):
+  """The learned re-router: the paper's test-time router is a transformer
+  trained on "the best path over the next window"; ours is the same target
+  with a linear router (`routed.window_router_features`: the base feature of
+  everything read so far and of the previous chunk, and the prefix's path),
+  fit on the held-out router documents, never on validation."""
+  every, num_paths = config.eval.reroute_every, exp.topology.num_paths
+  docs = data.docs["train"].subset(router_ids)
+  layout = routed.make_layout(docs, config.data.seq_len,
+                              config.data.prefix_len)
+  chunks = routed.chunk_features(layout, config.data.prefix_len, every,
+                                 _group_sums_fn(config, layout,
+                                                feature_source))
+  doc_paths = doc_router.top_k(router_feats, 1)[:, 0]
+  nll_NxCxP = np.zeros((len(docs), chunks.num_chunks, num_paths))
+
+  def on_path(p, nll_MxL):
+    nll_NxCxP[:, :, p] = routed.chunk_nll(layout, chunks, nll_MxL)
+
+  _score_paths(exp, result.state, stopper, layout, config, on_path)
+  inputs, nll_XxP, prefix_paths = routed.window_router_examples(
+      layout, chunks, doc_paths, nll_NxCxP)
+  window_router, info = router_lib.fit_discriminative(
+      config.seed, inputs, nll_XxP, exp.topology.level_sizes)
+  labels = nll_XxP.argmin(1)
+  info.update({"router_documents": len(docs), "chunks": len(labels),
+               "every": every,
+               "prefix_path_accuracy": float(np.mean(prefix_paths == labels))})
+  print(f"[router] window router: fit on {info['chunks']:,} chunks of "
+        f"{every} tokens from {len(docs):,} router docs; best path found "
+        f"{info['train_accuracy']:.2f} (prefix path "
+        f"{info['prefix_path_accuracy']:.2f})", flush=True)
+  return window_router, info
+
+
 def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
-                     base_exp, base_params, init_params, dense_exp,
+                     feature_source, window_router, dense_exp,
                      dense_result) -> dict:
   """Routed perplexity (once per document, re-routed, oracle) and the dense
   baseline, all on exactly the same tokens."""
@@ -562,20 +631,22 @@ def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
             routed.route_once(layout, doc_paths)}
   every = config.eval.reroute_every
   if every > 0:
-    feature_model = base_exp.model if base_exp is not None else None
-    feature_params = base_params if base_params is not None else init_params
-
-    def group_sums(group_MxL, num_groups):
-      return features_lib.group_feature_sums(
-          feature_model, feature_params, layout.windows["inputs"], group_MxL,
-          num_groups, config.routing.features, config.train.eval_batch_size)
-
+    chunks = routed.chunk_features(layout, config.data.prefix_len, every,
+                                   _group_sums_fn(config, layout,
+                                                  feature_source))
     route = lambda f: router.top_k(f, 1)[:, 0]
-    for cumulative, label in ((False, "the previous chunk"),
-                              (True, "all tokens so far")):
+    for context, label in (("previous_chunk", "the previous chunk"),
+                           ("cumulative", "all tokens so far")):
       routes[f"dipaco re-routed every {every} tokens ({label})"] = (
-          routed.route_every(layout, config.data.prefix_len, every,
-                             doc_paths, group_sums, route, cumulative))
+          routed.route_by_features(layout, chunks, doc_paths, route,
+                                   chunks.features(context)))
+    if window_router is not None:
+      routes[f"dipaco re-routed every {every} tokens (learned window "
+             "router)"] = routed.route_by_features(
+                 layout, chunks, doc_paths,
+                 lambda f: window_router.top_k(f, 1)[:, 0],
+                 routed.window_router_features(chunks, doc_paths,
+                                               exp.topology.num_paths))
   totals = routed.RoutedTotals(routes)
   per_doc_PxN = np.zeros((exp.topology.num_paths, len(val)))
   own_nll_P = np.zeros(exp.topology.num_paths)

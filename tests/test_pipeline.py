@@ -54,6 +54,7 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
   assert "dense baseline" in run.stdout
   assert "re-routed every 16 tokens (the previous chunk)" in run.stdout
   assert "re-routed every 16 tokens (all tokens so far)" in run.stdout
+  assert "re-routed every 16 tokens (learned window router)" in run.stdout
   assert "mesh path=4 x data=2" in run.stdout  # 4 paths on 8 fake devices
   results = json.loads((tmp_path / "results.json").read_text())
   models = results["models"]
@@ -64,6 +65,9 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
   oracle = models["dipaco best path per document (oracle)"]["loss"]
   assert oracle <= models["dipaco routed once per document"]["loss"] + 1e-9
   assert results["router"]["kind"] == "linear"  # discriminative phase ran
+  window = results["router"]["window_router"]
+  assert window["chunks"] > 0 and window["every"] == 16
+  assert list((tmp_path / "router").glob("window_*.npz"))
   assert len(results["paths"]) == 4
   assert sum(p["validation_documents"] for p in results["paths"]) == (
       results["data"]["validation"]["documents"])
@@ -81,7 +85,7 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
   again = _main(tmp_path, *flags, fake_devices=8)
   assert again.returncode == 0, again.stderr[-3000:]
   assert "[data] reusing" in again.stdout
-  assert again.stdout.count("[router] reusing") == 2  # k-means, linear
+  assert again.stdout.count("[router] reusing") == 3  # k-means, linear, window
   assert "[dipaco] already trained 8 steps" in again.stdout
   assert "(reused)" in again.stdout
   assert json.loads((tmp_path / "results.json").read_text())["models"] == (

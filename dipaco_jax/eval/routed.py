@@ -97,48 +97,136 @@ def route_once(layout: Layout, doc_paths_N) -> np.ndarray:
                          layout.input_pos_MxL.shape)
 
 
-def route_every(layout: Layout, prefix_len: int, every: int, doc_paths_N,
-                group_sums_fn, route_fn, cumulative: bool = False):
-  """Re-routing every `every` tokens; returns the path of every target.
+@dataclasses.dataclass
+class Chunks:
+  """The routing feature of every re-routing chunk of every document.
 
-  Target chunk c of a document covers positions [prefix_len + c * every,
-  prefix_len + (c + 1) * every). Chunk 0 takes the prefix's path
-  (`doc_paths_N`); chunk c + 1 takes the path `route_fn` picks from the
-  tokens read so far: chunk c alone (`cumulative=False`: "the router reads
-  chunk i and picks the path for chunk i+1"), or the whole document up to
-  the end of chunk c (`cumulative=True`).
+  Target chunk c of a document covers target positions [prefix_len + c *
+  every, prefix_len + (c + 1) * every). Input group 0 is the prefix and input
+  group 1 + c the input positions of chunk c, so groups 0 .. c are exactly
+  the tokens read before target chunk c + 1 is predicted.
+  """
+  prefix_len: int
+  every: int
+  num_chunks: int  # target chunks per document (the longest document's)
+  sums_NxGxD: np.ndarray  # feature sums per input group, G = num_chunks + 1
+  counts_NxG: np.ndarray
 
-  Args:
-    layout: the validation windows.
-    prefix_len: the routing prefix (never scored).
-    every: the re-routing interval N.
-    doc_paths_N: each document's path from its prefix.
-    group_sums_fn: `(group_ids_MxL, num_groups) -> (sums_GxD, counts_G)`,
-      feature sums over groups of input positions (-1: no group).
-    route_fn: `features_NxD -> paths_N`.
-    cumulative: see above.
+  def features(self, context: str) -> np.ndarray:
+    """[N, num_chunks - 1, D'] features that route chunks 1 .. num_chunks - 1.
+
+    context: 'previous_chunk' (the router reads chunk c and picks the path
+    for chunk c + 1, the paper's scheme), 'cumulative' (every token so far),
+    or 'both' (the two concatenated, D' = 2 D).
+    """
+    if context == "both":
+      return np.concatenate([self.features("cumulative"),
+                             self.features("previous_chunk")], axis=-1)
+    sums, counts = self.sums_NxGxD, self.counts_NxG
+    if context == "cumulative":
+      sums, counts = sums.cumsum(1), counts.cumsum(1)
+    elif context != "previous_chunk":
+      raise ValueError(f"Unknown re-routing context {context!r}.")
+    # Groups 1 .. num_chunks - 1 (input chunks 0 .. num_chunks - 2) route
+    # target chunks 1 .. num_chunks - 1.
+    return (sums[:, 1:-1] / np.maximum(counts[:, 1:-1], 1)[..., None]
+            ).astype(np.float32)
+
+
+def target_chunk_MxL(layout: Layout, prefix_len: int, every: int,
+                     num_chunks: int) -> np.ndarray:
+  """The chunk of every target token (0 for the unscored prefix)."""
+  pos_out = layout.target_pos_MxL
+  return np.where(pos_out >= prefix_len,
+                  np.minimum((pos_out - prefix_len) // every, num_chunks - 1),
+                  0)
+
+
+def chunk_features(layout: Layout, prefix_len: int, every: int,
+                   group_sums_fn) -> Chunks:
+  """Feature sums of the prefix and of every chunk's input tokens.
+
+  `group_sums_fn`: `(group_ids_MxL, num_groups) -> (sums_GxD, counts_G)`,
+  feature sums over groups of input positions (-1: no group).
   """
   doc_M = layout.windows["doc_index"]
-  pos_in, pos_out = layout.input_pos_MxL, layout.target_pos_MxL
-  per_doc = -(-(int(pos_out.max()) + 1 - prefix_len) // every) + 1
-  # Group 0 of a document is its prefix, group 1 + c its chunk c.
+  pos_in = layout.input_pos_MxL
+  num_chunks = -(-(int(layout.target_pos_MxL.max()) + 1 - prefix_len)
+                 // every) + 1
+  groups_per_doc = num_chunks + 1
   local = np.where(pos_in < prefix_len, 0, (pos_in - prefix_len) // every + 1)
   groups = np.where(layout.real_input_MxL,
-                    doc_M[:, None] * (per_doc + 1) + local, -1)
-  sums, counts = group_sums_fn(groups, layout.num_docs * (per_doc + 1))
-  sums = np.asarray(sums).reshape(layout.num_docs, per_doc + 1, -1)
-  counts = np.asarray(counts).reshape(layout.num_docs, per_doc + 1)
-  if cumulative:
-    sums, counts = sums.cumsum(1), counts.cumsum(1)
-  # Features of chunks 0 .. per_doc - 2 route chunks 1 .. per_doc - 1.
-  feats = sums[:, 1:-1] / np.maximum(counts[:, 1:-1], 1)[..., None]
-  paths = np.asarray(route_fn(feats.reshape(-1, feats.shape[-1]))).reshape(
-      layout.num_docs, per_doc - 1)
-  # A chunk with no tokens read (past the document's end) routes nothing.
-  chunk_path = np.concatenate([np.asarray(doc_paths_N)[:, None], paths],
-                              axis=1)
-  target_chunk = np.where(pos_out >= prefix_len,
-                          (pos_out - prefix_len) // every, 0)
-  return np.where(pos_out >= prefix_len,
-                  chunk_path[doc_M[:, None], np.minimum(target_chunk,
-                                                        per_doc - 1)], 0)
+                    doc_M[:, None] * groups_per_doc + local, -1)
+  sums, counts = group_sums_fn(groups, layout.num_docs * groups_per_doc)
+  return Chunks(prefix_len, every, num_chunks,
+                np.asarray(sums).reshape(layout.num_docs, groups_per_doc, -1),
+                np.asarray(counts).reshape(layout.num_docs, groups_per_doc))
+
+
+def chunk_nll(layout: Layout, chunks: Chunks, nll_MxL) -> np.ndarray:
+  """[N, num_chunks] summed NLL of each target chunk of each document."""
+  ids = (layout.windows["doc_index"][:, None] * chunks.num_chunks +
+         target_chunk_MxL(layout, chunks.prefix_len, chunks.every,
+                          chunks.num_chunks))
+  return np.bincount(ids.ravel(), weights=np.asarray(nll_MxL).ravel(),
+                     minlength=layout.num_docs * chunks.num_chunks).reshape(
+                         layout.num_docs, chunks.num_chunks)
+
+
+def window_router_features(chunks: Chunks, doc_paths_N,
+                           num_paths: int) -> np.ndarray:
+  """[N, num_chunks - 1, 2 D + P] inputs of the learned window router: the
+  mean feature of every token so far, of the previous chunk, and the one-hot
+  path the prefix chose (all known before the chunk is predicted)."""
+  both = chunks.features("both")
+  one_hot = np.eye(num_paths, dtype=np.float32)[np.asarray(doc_paths_N)]
+  return np.concatenate([both, np.broadcast_to(
+      one_hot[:, None, :], both.shape[:2] + (num_paths,))], axis=-1)
+
+
+def window_router_examples(layout: Layout, chunks: Chunks, doc_paths_N,
+                           nll_NxCxP):
+  """Training examples of the learned window router: one per chunk c >= 1
+  with scored tokens. Returns (inputs_XxD, nll_XxP, prefix_paths_X): what
+  was read before the chunk, the chunk's summed NLL under every path (its
+  label is the best path), and the path the prefix chose."""
+  scored_NxC = chunk_nll(layout, chunks, layout.windows["weights"])[:, 1:]
+  keep_NxC = scored_NxC > 0
+  inputs = window_router_features(chunks, doc_paths_N,
+                                  nll_NxCxP.shape[-1])[keep_NxC]
+  prefix_paths = np.broadcast_to(np.asarray(doc_paths_N)[:, None],
+                                 keep_NxC.shape)[keep_NxC]
+  return inputs, np.asarray(nll_NxCxP)[:, 1:][keep_NxC], prefix_paths
+
+
+def route_chunks(layout: Layout, chunks: Chunks, doc_paths_N,
+                 later_paths_NxC) -> np.ndarray:
+  """The path of every target token: chunk 0 takes the prefix's path
+  (`doc_paths_N`), chunk c >= 1 takes `later_paths_NxC[:, c - 1]`."""
+  chunk_path = np.concatenate([np.asarray(doc_paths_N)[:, None],
+                               np.asarray(later_paths_NxC)], axis=1)
+  target_chunk = target_chunk_MxL(layout, chunks.prefix_len, chunks.every,
+                                  chunks.num_chunks)
+  doc_M = layout.windows["doc_index"]
+  return np.where(layout.target_pos_MxL >= chunks.prefix_len,
+                  chunk_path[doc_M[:, None], target_chunk], 0)
+
+
+def route_by_features(layout: Layout, chunks: Chunks, doc_paths_N, route_fn,
+                      feats_NxCxD) -> np.ndarray:
+  """`route_chunks` with chunk c >= 1 routed by `route_fn` (`features_XxD ->
+  paths_X`) on `feats_NxCxD[:, c - 1]`."""
+  paths = np.asarray(route_fn(feats_NxCxD.reshape(-1, feats_NxCxD.shape[-1])))
+  return route_chunks(layout, chunks, doc_paths_N, paths.reshape(
+      feats_NxCxD.shape[:2]))
+
+
+def route_every(layout: Layout, prefix_len: int, every: int, doc_paths_N,
+                group_sums_fn, route_fn, cumulative: bool = False):
+  """`route_chunks` in one call: the router reads chunk c alone
+  (`cumulative=False`: "the router reads chunk i and picks the path for
+  chunk i+1") or the whole document up to the end of chunk c."""
+  chunks = chunk_features(layout, prefix_len, every, group_sums_fn)
+  return route_by_features(layout, chunks, doc_paths_N, route_fn,
+                           chunks.features("cumulative" if cumulative
+                                           else "previous_chunk"))
