@@ -2,7 +2,10 @@
 # The DiPaCo evidence of BUILD_NOTES.md, on one GPU: DiPaCo 2x2 and 4x4 vs
 # the dense baseline (routed once / re-routed / oracle). The DiLoCo evidence
 # is bench/diloco_runs.sh.
-# Usage: [RUNS="dipaco_2x2 dipaco_4x4"] bash bench/quality_runs.sh OUT [WORK]
+# Usage: [RUNS="dipaco_2x2 dipaco_4x4 dipaco_4x4_es_disc"] \
+#        bash bench/quality_runs.sh OUT [WORK]
+# EXTRA: main.py flags added to every run (e.g.
+# "--config.eval.dump_reroute_data=True" for bench/window_router_study.py).
 # Writes OUT/<run>.json (each run's results.json) and OUT/runs.log.
 set -uo pipefail
 out=${1:?OUT_DIR}; work=${2:-/tmp/dipaco_quality}
@@ -25,6 +28,7 @@ run() {  # name, then main.py arguments; later runs reuse the first's data
   fi
   echo "=== $name: $* ($(date -u +%H:%M:%S))" | tee -a "$log"
   python3 -m dipaco_jax.main --workdir="$work/$name" "$@" "${corpus[@]}" \
+    ${EXTRA:-} \
     >> "$log" 2>&1
   cp "$work/$name/results.json" "$out/$name.json" 2>/dev/null \
     || echo "!!! $name wrote no results" | tee -a "$log"
@@ -42,6 +46,18 @@ for name in $runs; do
       fi
       run dipaco_4x4 --config=experiments/dipaco_4x4.py
       cp "$work/dipaco_4x4/plots/"*.png "$out/" 2>/dev/null ;;
+    dipaco_4x4_es_disc)
+      # The paper's full recipe: per-path early stopping and one
+      # discriminative phase (250 more steps); same base as above.
+      if [[ -d "$work/dipaco_2x2/runs/base" ]]; then
+        for d in runs/base shards/base; do
+          mkdir -p "$work/dipaco_4x4_es_disc/$(dirname $d)"
+          cp -r "$work/dipaco_2x2/$d" "$work/dipaco_4x4_es_disc/$d"
+        done
+      fi
+      run dipaco_4x4_es_disc --config=experiments/dipaco_4x4.py \
+        --config.eval.early_stopping=True \
+        --config.routing.discriminative_steps=250 ;;
   esac
 done
 echo "=== done ($(date -u +%H:%M:%S))" | tee -a "$log"

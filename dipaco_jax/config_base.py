@@ -101,6 +101,10 @@ def base_config() -> ml_collections.ConfigDict:
   # With re-routing, also fit the learned window router on the router
   # documents (labels: each chunk's best path) and score its re-routing.
   c.eval.learned_reroute = True
+  c.eval.window_router_objective = "expected_nll"  # | best_path (paper)
+  # Also write router/reroute_data_{router,validation}.npz: chunk features
+  # and per-path chunk NLLs, for bench/window_router_study.py.
+  c.eval.dump_reroute_data = False
   c.eval.early_stopping = False  # Keep each path's best snapshot (paper 2.7)
   c.eval.holdout_fraction = 0.05  # Share of each shard held out for it.
 
@@ -271,6 +275,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
           "learned re-router are fit on held-out router documents: set it > 0 "
           "(e.g. 0.05), or turn them off (routing.discriminative_steps=0, "
           "eval.learned_reroute=False).")
+  if config.eval.window_router_objective not in ("expected_nll", "best_path"):
+    _fail("eval.window_router_objective", "use expected_nll or best_path.")
   if not 0.0 <= config.eval.holdout_fraction < 0.5:
     _fail("eval.holdout_fraction", "must be in [0, 0.5).")
   if t.num_steps < 1 or t.batch_size < 1:

@@ -578,6 +578,19 @@ def _group_sums_fn(config, layout, feature_source):
   return group_sums
 
 
+def _dump_reroute_data(exp, split, chunks, doc_paths, nll_NxCxP, layout):
+  """`eval.dump_reroute_data`: the chunk features and per-path chunk NLLs of
+  a split, to study re-routers offline (bench/window_router_study.py)."""
+  path = exp.run_dir.parent.parent / "router" / f"reroute_data_{split}.npz"
+  with path.open("wb") as f:
+    np.savez(f, sums_NxGxD=chunks.sums_NxGxD, counts_NxG=chunks.counts_NxG,
+             prefix_len=chunks.prefix_len, every=chunks.every,
+             num_chunks=chunks.num_chunks, doc_paths_N=doc_paths,
+             nll_NxCxP=nll_NxCxP, scored_NxC=routed.chunk_nll(
+                 layout, chunks, layout.windows["weights"]))
+  print(f"[router] wrote {path}", flush=True)
+
+
 def _fit_window_router(config, data, exp, result, stopper, doc_router,
                        router_feats, router_ids, feature_source):
   """The learned re-router: the paper's test-time router is a transformer
@@ -599,10 +612,14 @@ def _fit_window_router(config, data, exp, result, stopper, doc_router,
     nll_NxCxP[:, :, p] = routed.chunk_nll(layout, chunks, nll_MxL)
 
   _score_paths(exp, result.state, stopper, layout, config, on_path)
-  inputs, nll_XxP, prefix_paths = routed.window_router_examples(
-      layout, chunks, doc_paths, nll_NxCxP)
-  window_router, info = router_lib.fit_discriminative(
-      config.seed, inputs, nll_XxP, exp.topology.level_sizes)
+  if config.eval.dump_reroute_data:
+    _dump_reroute_data(exp, "router", chunks, doc_paths, nll_NxCxP, layout)
+  inputs, nll_XxP, tokens_X, prefix_paths, _ = routed.window_router_examples(
+      chunks, doc_paths, nll_NxCxP,
+      routed.chunk_nll(layout, chunks, layout.windows["weights"]))
+  window_router, info = router_lib.fit_window_router(
+      config.seed, inputs, nll_XxP, tokens_X, exp.topology.level_sizes,
+      config.eval.window_router_objective)
   labels = nll_XxP.argmin(1)
   info.update({"router_documents": len(docs), "chunks": len(labels),
                "every": every,
@@ -648,19 +665,37 @@ def _evaluate_dipaco(config, data, exp, result, stopper, router, val_feats,
                  routed.window_router_features(chunks, doc_paths,
                                                exp.topology.num_paths))
   totals = routed.RoutedTotals(routes)
-  per_doc_PxN = np.zeros((exp.topology.num_paths, len(val)))
-  own_nll_P = np.zeros(exp.topology.num_paths)
+  num_paths = exp.topology.num_paths
+  per_doc_PxN = np.zeros((num_paths, len(val)))
+  own_nll_P = np.zeros(num_paths)
+  # Per chunk: the best path's NLL (an oracle bound for re-routing), and
+  # every path's when the data is dumped for study.
+  best_chunk_NxC = np.full((len(val), chunks.num_chunks), np.inf) if (
+      every > 0) else None
+  dump = every > 0 and config.eval.dump_reroute_data
+  chunk_NxCxP = np.zeros(best_chunk_NxC.shape + (num_paths,)) if dump else None
 
   def on_path(p, nll_MxL):
     totals.add(p, nll_MxL)
     per_doc_PxN[p] = _per_doc_nll(layout, nll_MxL)
     own_nll_P[p] = per_doc_PxN[p][doc_paths == p].sum()
+    if every > 0:
+      nll_NxC = routed.chunk_nll(layout, chunks, nll_MxL)
+      np.minimum(best_chunk_NxC, nll_NxC, out=best_chunk_NxC)
+      if dump:
+        chunk_NxCxP[:, :, p] = nll_NxC
 
   _score_paths(exp, result.state, stopper, layout, config, on_path)
+  if dump:
+    _dump_reroute_data(exp, "validation", chunks, doc_paths, chunk_NxCxP,
+                       layout)
   out = {"models": {name: routed.summary(nll, count)
                     for name, nll in totals.nll.items()}}
   out["models"]["dipaco best path per document (oracle)"] = routed.summary(
       per_doc_PxN.min(0).sum(), count)
+  if every > 0:
+    out["models"][f"dipaco best path per {every}-token chunk (oracle)"] = (
+        routed.summary(best_chunk_NxC.sum(), count))
   dense_nll = routed.token_nll(dense_exp.model,
                                dense_exp.path_params(dense_result.state),
                                layout, config.train.eval_batch_size)

@@ -123,7 +123,8 @@ def test_chunk_nll_and_window_features():
   np.testing.assert_allclose(feats[1, 1], [0.4, 0.6, 1, 0, 0, 1])
 
 
-def test_learned_window_router_recovers_a_planted_rule():
+@pytest.mark.parametrize("objective", ["expected_nll", "best_path"])
+def test_learned_window_router_recovers_a_planted_rule(objective):
   """Topics alternate chunk by chunk: routing once per document gets half
   the chunks wrong, a router that learns "the next chunk has the other
   topic" from the previous chunk's feature gets all of them."""
@@ -138,13 +139,16 @@ def test_learned_window_router_recovers_a_planted_rule():
   nll_NxCxP = np.stack([routed.chunk_nll(layout, chunks,
                                          _topic_nll(layout, p))
                         for p in range(2)], axis=-1)
-  inputs, nll_XxP, prefix_paths = routed.window_router_examples(
-      layout, chunks, doc_paths, nll_NxCxP)
+  scored_NxC = routed.chunk_nll(layout, chunks, layout.windows["weights"])
+  inputs, nll_XxP, tokens_X, prefix_paths, doc_X = (
+      routed.window_router_examples(chunks, doc_paths, nll_NxCxP, scored_NxC))
+  assert (tokens_X == every).all() and (np.bincount(doc_X) == 5).all()
   assert len(inputs) == 40 * (chunks_per_doc - 1)
   assert np.mean(prefix_paths == nll_XxP.argmin(1)) == pytest.approx(0.4)
-  window_router, info = router_lib.fit_discriminative(0, inputs, nll_XxP,
-                                                      (2,))
+  window_router, info = router_lib.fit_window_router(
+      0, inputs, nll_XxP, tokens_X, (2,), objective)
   assert info["train_accuracy"] == 1.0
+  assert info["train_excess_nll_per_token"] == 0.0
   routes = {"once": routed.route_once(layout, doc_paths),
             "learned": routed.route_by_features(
                 layout, chunks, doc_paths,
@@ -159,3 +163,21 @@ def test_learned_window_router_recovers_a_planted_rule():
   # 8 tokens per document whose topic differs from chunk 0's cost 3.
   assert scores["learned"] == pytest.approx(scored * 1.0)
   assert scores["once"] == pytest.approx(scored * 1.0 + 2.0 * 40 * 3 * 8)
+
+
+def test_expected_nll_router_weighs_wins_by_their_size():
+  """70% of chunks: path 0 better by a hair; 30%: path 1 better by a lot.
+  Best-path labels say path 0; the expected NLL says path 1."""
+  from dipaco_jax.routing import router as router_lib  # pylint: disable=g-import-not-at-top
+  n = 100
+  inputs = np.ones((n, 3), np.float32)  # nothing to tell chunks apart
+  nll = np.where(np.arange(n)[:, None] < 70, [10.0, 10.1], [20.0, 10.0])
+  tokens = np.full(n, 10)
+  picks = {}
+  for objective in ("best_path", "expected_nll"):
+    router, info = router_lib.fit_window_router(0, inputs, nll, tokens, (2,),
+                                                objective)
+    picks[objective] = set(router.top_k(inputs, 1)[:, 0].tolist())
+  assert picks == {"best_path": {0}, "expected_nll": {1}}
+  # Excess per token of always choosing path 1: 70 x 0.1 / 1000 tokens.
+  assert info["train_excess_nll_per_token"] == pytest.approx(0.007)

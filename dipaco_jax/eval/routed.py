@@ -173,30 +173,36 @@ def chunk_nll(layout: Layout, chunks: Chunks, nll_MxL) -> np.ndarray:
                          layout.num_docs, chunks.num_chunks)
 
 
-def window_router_features(chunks: Chunks, doc_paths_N,
-                           num_paths: int) -> np.ndarray:
-  """[N, num_chunks - 1, 2 D + P] inputs of the learned window router: the
-  mean feature of every token so far, of the previous chunk, and the one-hot
-  path the prefix chose (all known before the chunk is predicted)."""
-  both = chunks.features("both")
+def window_router_features(chunks: Chunks, doc_paths_N, num_paths: int,
+                           context: str = "both",
+                           prefix_path: bool = True) -> np.ndarray:
+  """[N, num_chunks - 1, D'] inputs of the learned window router: the mean
+  feature of the tokens read so far (`Chunks.features(context)`; 'both' is
+  everything so far and the previous chunk) and, with `prefix_path`, the
+  one-hot path the prefix chose. All of it is known before the chunk."""
+  feats = chunks.features(context)
+  if not prefix_path:
+    return feats
   one_hot = np.eye(num_paths, dtype=np.float32)[np.asarray(doc_paths_N)]
-  return np.concatenate([both, np.broadcast_to(
-      one_hot[:, None, :], both.shape[:2] + (num_paths,))], axis=-1)
+  return np.concatenate([feats, np.broadcast_to(
+      one_hot[:, None, :], feats.shape[:2] + (num_paths,))], axis=-1)
 
 
-def window_router_examples(layout: Layout, chunks: Chunks, doc_paths_N,
-                           nll_NxCxP):
+def window_router_examples(chunks: Chunks, doc_paths_N, nll_NxCxP,
+                           scored_NxC, **feature_kwargs):
   """Training examples of the learned window router: one per chunk c >= 1
-  with scored tokens. Returns (inputs_XxD, nll_XxP, prefix_paths_X): what
-  was read before the chunk, the chunk's summed NLL under every path (its
-  label is the best path), and the path the prefix chose."""
-  scored_NxC = chunk_nll(layout, chunks, layout.windows["weights"])[:, 1:]
-  keep_NxC = scored_NxC > 0
-  inputs = window_router_features(chunks, doc_paths_N,
-                                  nll_NxCxP.shape[-1])[keep_NxC]
-  prefix_paths = np.broadcast_to(np.asarray(doc_paths_N)[:, None],
-                                 keep_NxC.shape)[keep_NxC]
-  return inputs, np.asarray(nll_NxCxP)[:, 1:][keep_NxC], prefix_paths
+  with scored tokens (`scored_NxC`: `chunk_nll` of the token weights).
+  Returns (inputs_XxD, nll_XxP, tokens_X, prefix_paths_X, doc_X): what was
+  read before the chunk (`window_router_features(**feature_kwargs)`), the
+  chunk's summed NLL under every path (its label is the best path), its
+  scored tokens, the path the prefix chose and the chunk's document."""
+  keep_NxC = np.asarray(scored_NxC)[:, 1:] > 0
+  inputs = window_router_features(chunks, doc_paths_N, nll_NxCxP.shape[-1],
+                                  **feature_kwargs)[keep_NxC]
+  doc_NxC = np.broadcast_to(np.arange(len(keep_NxC))[:, None], keep_NxC.shape)
+  return (inputs, np.asarray(nll_NxCxP)[:, 1:][keep_NxC],
+          np.asarray(scored_NxC)[:, 1:][keep_NxC],
+          np.asarray(doc_paths_N)[doc_NxC[keep_NxC]], doc_NxC[keep_NxC])
 
 
 def route_chunks(layout: Layout, chunks: Chunks, doc_paths_N,

@@ -62,28 +62,23 @@ def router_logits(router: LinearRouter, x_NxD: jax.Array) -> jax.Array:
                     precision=jax.lax.Precision.HIGHEST) + router.b_P
 
 
-@functools.partial(jax.jit, static_argnames=("num_paths", "num_steps"))
-def _fit(key, x_NxD, labels_N, num_paths, l2, num_steps, learning_rate):
-  """Jitted body of `fit_linear_router`."""
+def _standardize(x_NxD):
   mean_D = jnp.mean(x_NxD, axis=0)
   std_D = jnp.std(x_NxD, axis=0)
   std_D = jnp.where(std_D > _MIN_STD, std_D, 1.0)
-  z_NxD = (x_NxD - mean_D) / std_D
+  return (x_NxD - mean_D) / std_D, mean_D, std_D
 
-  # The problem is convex, so the init only affects speed; start the bias at
-  # the log label frequencies (the optimum of a bias-only model) and w small.
-  counts_P = jnp.zeros((num_paths,), jnp.float32).at[labels_N].add(1.0)
-  b_P = jnp.log((counts_P + 1.0) / (labels_N.shape[0] + num_paths))
-  w_DxP = 1e-3 * jax.random.normal(key, (x_NxD.shape[1], num_paths))
-  params = (w_DxP, b_P)
+
+def _adam_fit(z_NxD, w_DxP, b_P, loss_of_logits, l2, num_steps,
+              learning_rate):
+  """Full-batch Adam on loss_of_logits(z @ w + b) + l2/2 ||w||^2."""
 
   def loss_fn(params):
     w_DxP, b_P = params
     logits_NxP = jnp.matmul(z_NxD, w_DxP,
                             precision=jax.lax.Precision.HIGHEST) + b_P
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits_NxP, labels_N)
     # L2 on w only: penalizing the bias would pull shares towards uniform.
-    return jnp.mean(ce) + 0.5 * l2 * jnp.sum(jnp.square(w_DxP))
+    return loss_of_logits(logits_NxP) + 0.5 * l2 * jnp.sum(jnp.square(w_DxP))
 
   opt = optax.adam(learning_rate)
   grad_fn = jax.grad(loss_fn)
@@ -93,10 +88,63 @@ def _fit(key, x_NxD, labels_N, num_paths, l2, num_steps, learning_rate):
     updates, opt_state = opt.update(grad_fn(params), opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  params, _ = jax.lax.fori_loop(
-      0, num_steps, step, (params, opt.init(params)))
-  w_DxP, b_P = params
+  params = (w_DxP, b_P)
+  params, _ = jax.lax.fori_loop(0, num_steps, step,
+                                (params, opt.init(params)))
+  return params
+
+
+@functools.partial(jax.jit, static_argnames=("num_paths", "num_steps"))
+def _fit(key, x_NxD, labels_N, num_paths, l2, num_steps, learning_rate):
+  """Jitted body of `fit_linear_router`."""
+  z_NxD, mean_D, std_D = _standardize(x_NxD)
+  # The problem is convex, so the init only affects speed; start the bias at
+  # the log label frequencies (the optimum of a bias-only model) and w small.
+  counts_P = jnp.zeros((num_paths,), jnp.float32).at[labels_N].add(1.0)
+  b_P = jnp.log((counts_P + 1.0) / (labels_N.shape[0] + num_paths))
+  w_DxP = 1e-3 * jax.random.normal(key, (x_NxD.shape[1], num_paths))
+  cross_entropy = lambda logits: jnp.mean(
+      optax.softmax_cross_entropy_with_integer_labels(logits, labels_N))
+  w_DxP, b_P = _adam_fit(z_NxD, w_DxP, b_P, cross_entropy, l2, num_steps,
+                         learning_rate)
   return LinearRouter(w_DxP, b_P, mean_D, std_D)
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps",))
+def _fit_expected_cost(key, x_NxD, cost_NxP, l2, num_steps, learning_rate):
+  """Jitted body of `fit_linear_router_expected_cost`."""
+  z_NxD, mean_D, std_D = _standardize(x_NxD)
+  num_paths = cost_NxP.shape[1]
+  w_DxP = 1e-3 * jax.random.normal(key, (x_NxD.shape[1], num_paths))
+  # Start from the best constant choice: the bias prefers cheap paths.
+  b_P = -jnp.mean(cost_NxP, axis=0) / (jnp.std(cost_NxP) + 1e-6)
+  expected_cost = lambda logits: jnp.mean(jnp.sum(
+      jax.nn.softmax(logits, axis=-1) * cost_NxP, axis=-1))
+  w_DxP, b_P = _adam_fit(z_NxD, w_DxP, b_P, expected_cost, l2, num_steps,
+                         learning_rate)
+  return LinearRouter(w_DxP, b_P, mean_D, std_D)
+
+
+def fit_linear_router_expected_cost(
+    key: jax.Array, x_NxD: jax.Array, cost_NxP: jax.Array, l2: float = 1e-4,
+    num_steps: int = 500, learning_rate: float = 0.05) -> LinearRouter:
+  """A linear router trained on the cost of its choice, not on a label.
+
+  Minimizes mean_n sum_p softmax(logits_n)_p cost_np + l2/2 ||w||^2: the
+  expected cost of routing by the softmax, e.g. the excess NLL of each path
+  over the best one. Unlike cross-entropy on best-path labels, a near-tie
+  costs nearly nothing and a clear win counts in full, so the router is
+  fit to the quantity the routed evaluation sums. Not convex; started from
+  the best constant choice. Needs no share calibration.
+  """
+  x_NxD = jnp.asarray(x_NxD, jnp.float32)
+  cost_NxP = jnp.asarray(cost_NxP, jnp.float32)
+  if x_NxD.ndim != 2 or cost_NxP.ndim != 2 or (
+      cost_NxP.shape[0] != x_NxD.shape[0]):
+    raise ValueError(f"Need x [N, D] and cost [N, P], got {x_NxD.shape} and "
+                     f"{cost_NxP.shape}.")
+  return _fit_expected_cost(key, x_NxD, cost_NxP, jnp.float32(l2), num_steps,
+                            jnp.float32(learning_rate))
 
 
 def fit_linear_router(key: jax.Array, x_NxD: jax.Array, labels_N: jax.Array,

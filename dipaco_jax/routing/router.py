@@ -92,14 +92,15 @@ def fit_generative(seed: int, features_NxD, level_sizes, method: str,
 
 
 def fit_discriminative(seed: int, features_NxD, nll_NxP, level_sizes,
-                       num_steps: int = 500) -> tuple[Router, dict]:
+                       num_steps: int = 500,
+                       l2: float = 1e-4) -> tuple[Router, dict]:
   """The paper's discriminative phase: label each router document with its
   best path, fit a linear router, and bias it toward the labels' shares."""
   num_paths = math.prod(level_sizes)
   labels = np.asarray(discriminative.best_path_labels(nll_NxP))
   linear = discriminative.fit_linear_router(
       jax.random.key(seed), np.asarray(features_NxD, np.float32), labels,
-      num_paths, num_steps=num_steps)
+      num_paths, l2=l2, num_steps=num_steps)
   shares = np.bincount(labels, minlength=num_paths) / len(labels)
   logits = discriminative.router_logits(linear, features_NxD)
   bias = discriminative.calibrate_bias(logits, shares)
@@ -108,3 +109,35 @@ def fit_discriminative(seed: int, features_NxD, nll_NxP, level_sizes,
   accuracy = float(np.mean(router.top_k(features_NxD, 1)[:, 0] == labels))
   return router, {"label_shares": shares.tolist(),
                   "train_accuracy": accuracy}
+
+
+def fit_window_router(seed: int, features_XxD, nll_XxP, tokens_X, level_sizes,
+                      objective: str, l2: float = 1e-4) -> tuple[Router, dict]:
+  """The learned re-router, fit on chunks (one example each).
+
+  objective 'best_path': the paper's target, each chunk labelled with its
+  best path (`fit_discriminative`, shares calibrated to the labels');
+  'expected_nll': the excess NLL of the chosen path over the best one, per
+  token (`discriminative.fit_linear_router_expected_cost`).
+  """
+  nll_XxP = np.asarray(nll_XxP, np.float64)
+  if objective == "best_path":
+    router, info = fit_discriminative(seed, features_XxD, nll_XxP,
+                                      level_sizes, l2=l2)
+  elif objective == "expected_nll":
+    cost_XxP = (nll_XxP - nll_XxP.min(1, keepdims=True)) / max(
+        float(np.mean(tokens_X)), 1.0)
+    linear = discriminative.fit_linear_router_expected_cost(
+        jax.random.key(seed), np.asarray(features_XxD, np.float32), cost_XxP,
+        l2=l2)
+    router = Router("linear", tuple(level_sizes), [], linear)
+    info = {"train_accuracy": float(np.mean(
+        router.top_k(features_XxD, 1)[:, 0] == nll_XxP.argmin(1)))}
+  else:
+    raise ValueError(f"Unknown window router objective {objective!r}: use "
+                     "best_path or expected_nll.")
+  chosen = router.top_k(features_XxD, 1)[:, 0]
+  excess = nll_XxP[np.arange(len(chosen)), chosen] - nll_XxP.min(1)
+  info.update({"objective": objective, "train_excess_nll_per_token": float(
+      excess.sum() / max(float(np.sum(tokens_X)), 1.0))})
+  return router, info
