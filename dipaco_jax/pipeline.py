@@ -18,6 +18,7 @@ the dense baseline continued from the same base for the same steps.
 """
 
 import copy
+import functools
 import hashlib
 import json
 import math
@@ -403,18 +404,11 @@ def run_dipaco(config, workdir) -> dict:
 
   disc_info = None
   if config.routing.discriminative_steps > 0:
-    disc_path = workdir / "router" / "discriminative_{}.npz".format(_key(
-        exp.hashes, router.sha256(), feats_key))
-    info_path = epath.Path(str(disc_path).replace(".npz", ".json"))
-    if disc_path.exists() and info_path.exists():
-      router = router_lib.Router.load(disc_path)
-      disc_info = json.loads(info_path.read_text())
-      print(f"[router] reusing {disc_path}", flush=True)
-    else:
-      router, disc_info = _discriminative(config, data, exp, result, stopper,
-                                          router, feats, router_ids)
-      router.save(disc_path)
-      info_path.write_text(json.dumps(disc_info))
+    router, disc_info = _cached_router(
+        workdir / "router" / "discriminative_{}.npz".format(_key(
+            exp.hashes, router.sha256(), feats_key)),
+        functools.partial(_discriminative, config, data, exp, result,
+                          stopper, router, feats, router_ids))
     disc_cfg = derive_config(config, **{
         "train.num_steps": config.routing.discriminative_steps})
     exp, result, stopper = _train_paths(
@@ -437,20 +431,14 @@ def run_dipaco(config, workdir) -> dict:
   feature_source = (base_exp, base_params, init_params)
   window_router, window_info = None, None
   if config.eval.reroute_every > 0 and config.eval.learned_reroute:
-    window_path = workdir / "router" / "window_{}.npz".format(_key(
-        exp.hashes, router.sha256(), feats_key, config.eval.reroute_every,
-        config.eval.early_stopping, config.eval.holdout_fraction))
-    info_path = epath.Path(str(window_path).replace(".npz", ".json"))
-    if window_path.exists() and info_path.exists():
-      window_router = router_lib.Router.load(window_path)
-      window_info = json.loads(info_path.read_text())
-      print(f"[router] reusing {window_path}", flush=True)
-    else:
-      window_router, window_info = _fit_window_router(
-          config, data, exp, result, stopper, router, feats["router"],
-          router_ids, feature_source)
-      window_router.save(window_path)
-      info_path.write_text(json.dumps(window_info))
+    window_router, window_info = _cached_router(
+        workdir / "router" / "window_{}.npz".format(_key(
+            exp.hashes, router.sha256(), feats_key, config.eval.reroute_every,
+            config.eval.window_router_objective, config.eval.early_stopping,
+            config.eval.holdout_fraction)),
+        functools.partial(_fit_window_router, config, data, exp, result,
+                          stopper, router, feats["router"], router_ids,
+                          feature_source))
 
   results = _evaluate_dipaco(config, data, exp, result, stopper, router,
                              feats["validation"], feature_source,
@@ -474,6 +462,18 @@ def run_dipaco(config, workdir) -> dict:
       "dense"]
   _write_results(workdir, results, runs)
   return results
+
+
+def _cached_router(path, fit):
+  """The router (and its info dict) saved at `path`, or `fit()`'s, saved."""
+  info_path = epath.Path(str(path).replace(".npz", ".json"))
+  if path.exists() and info_path.exists():
+    print(f"[router] reusing {path}", flush=True)
+    return router_lib.Router.load(path), json.loads(info_path.read_text())
+  router, info = fit()
+  router.save(path)
+  info_path.write_text(json.dumps(info))
+  return router, info
 
 
 def _fresh_bank(config, data):

@@ -23,6 +23,9 @@ _EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
     ("train.num_steps", 9, "train.num_steps"),
     ("data.corpus", "wiki", "data.corpus"),
     ("inner_opt.name", "lion", "inner_opt.name"),
+    ("eval.window_router_objective", "accuracy",
+     "eval.window_router_objective"),
+    ("routing.router_fraction", 0.0, "routing.router_fraction"),  # learned
 ])
 def test_bad_fields_are_named(field, value, match):
   config = testing.tiny_config("2x2", inner_steps=4, num_steps=8)

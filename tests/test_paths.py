@@ -33,3 +33,14 @@ def test_diloco_replicas_share_every_module():
   assert topo.num_paths == 1 and topo.num_workers == 8
   assert (topo.assignment_WxS == 0).all()
   assert all(s.kind == "shared" for s in topo.slots)
+
+
+def test_unequal_expert_counts_per_level():
+  topo = paths.build_topology(4, (2, 4))
+  assert topo.num_paths == 8
+  assert [s.num_experts for s in topo.slots if s.kind == "level"] == [2, 4]
+  # Path 5 = (level-0 expert 1, level-1 expert 1): row-major over (2, 4).
+  np.testing.assert_array_equal(topo.assignment_WxS[5, 1:], [1, 1])
+  # Each level-1 expert serves 2 paths, each level-0 expert 4.
+  assert np.bincount(topo.assignment_WxS[:, 1]).tolist() == [4, 4]
+  assert np.bincount(topo.assignment_WxS[:, 2]).tolist() == [2, 2, 2, 2]

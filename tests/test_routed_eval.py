@@ -34,12 +34,12 @@ def _position_sums(layout):
   return group_sums
 
 
-def test_route_every_reads_the_previous_chunk_only():
+def test_rerouting_reads_the_previous_chunk_only():
   layout = routed.make_layout(_docs([20]), seq_len=8, prefix_len=4)
-  path_MxL = routed.route_every(
-      layout, prefix_len=4, every=4, doc_paths_N=np.array([99]),
-      group_sums_fn=_position_sums(layout),
-      route_fn=lambda f: np.floor(f[:, 0]).astype(int))
+  chunks = routed.chunk_features(layout, 4, 4, _position_sums(layout))
+  path_MxL = routed.route_by_features(
+      layout, chunks, np.array([99]), lambda f: np.floor(f[:, 0]).astype(int),
+      chunks.features("previous_chunk"))
   weights = layout.windows["weights"] > 0
   for t, p in zip(layout.target_pos_MxL[weights], path_MxL[weights]):
     chunk = (t - 4) // 4
@@ -49,12 +49,12 @@ def test_route_every_reads_the_previous_chunk_only():
     assert p == want, (t, p, want)
 
 
-def test_route_every_cumulative_reads_everything_so_far():
+def test_cumulative_rerouting_reads_everything_so_far():
   layout = routed.make_layout(_docs([20]), seq_len=8, prefix_len=4)
-  path_MxL = routed.route_every(
-      layout, prefix_len=4, every=4, doc_paths_N=np.array([99]),
-      group_sums_fn=_position_sums(layout),
-      route_fn=lambda f: np.floor(f[:, 0]).astype(int), cumulative=True)
+  chunks = routed.chunk_features(layout, 4, 4, _position_sums(layout))
+  path_MxL = routed.route_by_features(
+      layout, chunks, np.array([99]), lambda f: np.floor(f[:, 0]).astype(int),
+      chunks.features("cumulative"))
   weights = layout.windows["weights"] > 0
   for t, p in zip(layout.target_pos_MxL[weights], path_MxL[weights]):
     chunk = (t - 4) // 4

@@ -108,7 +108,7 @@ class Chunks:
   """
   prefix_len: int
   every: int
-  num_chunks: int  # target chunks per document (the longest document's)
+  num_chunks: int  # chunks per document: the longest document's, plus one
   sums_NxGxD: np.ndarray  # feature sums per input group, G = num_chunks + 1
   counts_NxG: np.ndarray
 
@@ -225,14 +225,3 @@ def route_by_features(layout: Layout, chunks: Chunks, doc_paths_N, route_fn,
   paths = np.asarray(route_fn(feats_NxCxD.reshape(-1, feats_NxCxD.shape[-1])))
   return route_chunks(layout, chunks, doc_paths_N, paths.reshape(
       feats_NxCxD.shape[:2]))
-
-
-def route_every(layout: Layout, prefix_len: int, every: int, doc_paths_N,
-                group_sums_fn, route_fn, cumulative: bool = False):
-  """`route_chunks` in one call: the router reads chunk c alone
-  (`cumulative=False`: "the router reads chunk i and picks the path for
-  chunk i+1") or the whole document up to the end of chunk c."""
-  chunks = chunk_features(layout, prefix_len, every, group_sums_fn)
-  return route_by_features(layout, chunks, doc_paths_N, route_fn,
-                           chunks.features("cumulative" if cumulative
-                                           else "previous_chunk"))
