@@ -20,7 +20,14 @@ _FAKE_DEVICES = flags.DEFINE_integer(
     "fake_devices", 0, "Run on N fake CPU devices (CPU only).")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Multi-host: call jax.distributed.initialize() "
-    "(Cloud TPU pods and slices detect their peers themselves).")
+    "(Cloud TPU pods and slices detect their peers themselves; elsewhere give "
+    "--coordinator_address, --num_processes and --process_id).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "With --distributed: host:port of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "With --distributed: how many processes.")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "With --distributed: this process's index.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -30,10 +37,15 @@ def main(argv):
     # Library INFO logs (orbax, absl) would bury the progress lines.
     logging.set_verbosity(logging.WARNING)
   from dipaco_jax.parallel import mesh  # pylint: disable=g-import-not-at-top
-  mesh.setup_fake_devices(_FAKE_DEVICES.value)
+  from dipaco_jax.parallel import multihost  # pylint: disable=g-import-not-at-top
   if _DISTRIBUTED.value:
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.distributed.initialize()
+    # Before anything starts JAX's backends; fake devices are per process.
+    mesh.setup_fake_devices(_FAKE_DEVICES.value, check=False)
+    multihost.initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
+                         _PROCESS_ID.value)
+    mesh.verify_fake_devices(_FAKE_DEVICES.value)
+  else:
+    mesh.setup_fake_devices(_FAKE_DEVICES.value)
   from dipaco_jax import config_base  # pylint: disable=g-import-not-at-top
   from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value

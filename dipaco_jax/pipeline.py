@@ -41,6 +41,7 @@ from dipaco_jax.eval import routed
 from dipaco_jax.model import bank as bank_lib
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
+from dipaco_jax.parallel import multihost
 from dipaco_jax.routing import features as features_lib
 from dipaco_jax.routing import router as router_lib
 from dipaco_jax.train import loop
@@ -108,13 +109,16 @@ def make_shards(workdir, name, docs, doc_indices_per_shard, hashes):
     ids.update(np.asarray(shard, np.int64).tobytes() + b"|")
   hashes = {**hashes, "documents": ids.hexdigest()[:16]}
   directory = epath.Path(workdir) / "shards" / name
-  manifest = shards_lib.read_manifest(str(directory))
-  if manifest is not None and manifest["hashes"] == hashes and (
-      manifest["num_shards"] == len(doc_indices_per_shard)):
-    return directory, manifest
-  manifest = shards_lib.write_shards(str(directory), docs,
-                                     doc_indices_per_shard, hashes)
-  return directory, manifest
+
+  def write_or_reuse():
+    manifest = shards_lib.read_manifest(str(directory))
+    if manifest is not None and manifest["hashes"] == hashes and (
+        manifest["num_shards"] == len(doc_indices_per_shard)):
+      return manifest
+    return shards_lib.write_shards(str(directory), docs,
+                                   doc_indices_per_shard, hashes)
+  return directory, multihost.first_on_writer(write_or_reuse,
+                                              f"shards {name}")
 
 
 def _key(*parts) -> str:
@@ -133,17 +137,20 @@ def _cached_arrays(path, compute) -> dict:
   """`compute()` (a dict of arrays), saved at `path` and loaded from it when
   present; written through a temporary file so a crash leaves no half."""
   path = epath.Path(path)
-  if path.exists():
-    with path.open("rb") as f:
-      z = np.load(f)
-      return {k: z[k] for k in z.files}
-  arrays = compute()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = epath.Path(str(path) + ".tmp")
-  with tmp.open("wb") as f:
-    np.savez(f, **arrays)
-  tmp.replace(path)
-  return arrays
+
+  def compute_or_load():
+    if path.exists():
+      with path.open("rb") as f:
+        z = np.load(f)
+        return {k: z[k] for k in z.files}
+    arrays = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = epath.Path(str(path) + ".tmp")
+    with tmp.open("wb") as f:
+      np.savez(f, **arrays)
+    tmp.replace(path)
+    return arrays
+  return multihost.first_on_writer(compute_or_load, f"arrays {path.name}")
 
 
 def split_router_docs(num_docs: int, fraction: float, seed: int):
@@ -209,9 +216,14 @@ class Experiment:
       return state["outer_params"]
     return state["inner_params"]
 
+  def host_bank(self, state):
+    """`eval_bank` on the host (replicated over the mesh, so every process
+    holds all of it): code that only process 0 runs must not index the
+    global arrays, which would start a computation over every process."""
+    return jax.device_get(self.eval_bank(state))
+
   def path_params(self, state, path: int = 0):
-    return jax.device_get(self.runtime.path_params(self.eval_bank(state),
-                                                   path))
+    return bank_lib.bank_path(self.host_bank(state), self.topology, path)
 
   def bytes_communicated(self) -> int:
     """Outer syncs x workers x (module deltas up + parameters down), f32."""
@@ -232,9 +244,12 @@ def _score(layout, model, params, config) -> dict:
 
 def _prepare(config, workdir):
   workdir = epath.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=1))
-  return workdir, prepare.prepare_data(config.data, str(workdir), config.seed)
+  if multihost.is_writer():
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=1))
+  return workdir, multihost.first_on_writer(
+      lambda: prepare.prepare_data(config.data, str(workdir), config.seed),
+      "data")
 
 
 def _train_base(config, data, workdir, doc_ids):
@@ -380,19 +395,18 @@ def run_dipaco(config, workdir) -> dict:
                for name, docs in (("paths", train_docs.subset(path_ids)),
                                   ("router", train_docs.subset(router_ids)),
                                   ("validation", data.docs["validation"]))})
-  router_path = workdir / "router" / "generative_{}.npz".format(_key(
-      feats_key, config.routing.method, ks, config.routing.kmeans_iters))
-  if router_path.exists():
-    router = router_lib.Router.load(router_path)
-    print(f"[router] reusing {router_path}", flush=True)
-  else:
+  def fit_generative():
     router = router_lib.fit_generative(config.seed, feats["paths"], ks,
                                        config.routing.method,
                                        config.routing.kmeans_iters)
-    router.save(router_path)
     print(f"[router] {router.kind} {'x'.join(map(str, ks))} on "
           f"{len(path_ids):,} prefixes of {config.data.prefix_len} tokens",
           flush=True)
+    return router, {}
+  router, _ = _cached_router(
+      workdir / "router" / "generative_{}.npz".format(_key(
+          feats_key, config.routing.method, ks, config.routing.kmeans_iters)),
+      fit_generative)
 
   init_bank = (bank_lib.path_params_to_bank(base_params, base_exp.topology,
                                             topology)
@@ -467,13 +481,16 @@ def run_dipaco(config, workdir) -> dict:
 def _cached_router(path, fit):
   """The router (and its info dict) saved at `path`, or `fit()`'s, saved."""
   info_path = epath.Path(str(path).replace(".npz", ".json"))
-  if path.exists() and info_path.exists():
-    print(f"[router] reusing {path}", flush=True)
-    return router_lib.Router.load(path), json.loads(info_path.read_text())
-  router, info = fit()
-  router.save(path)
-  info_path.write_text(json.dumps(info))
-  return router, info
+
+  def fit_or_load():
+    if path.exists() and info_path.exists():
+      print(f"[router] reusing {path}", flush=True)
+      return router_lib.Router.load(path), json.loads(info_path.read_text())
+    router, info = fit()
+    router.save(path)
+    info_path.write_text(json.dumps(info))
+    return router, info
+  return multihost.first_on_writer(fit_or_load, f"router {path.name}")
 
 
 def _fresh_bank(config, data):
@@ -517,8 +534,8 @@ def _train_paths(config, data, workdir, name, router, feats, path_ids,
   return exp, result, stopper
 
 
-def _path_params_for_eval(exp, state, stopper, path):
-  params = exp.path_params(state, path)
+def _path_params_for_eval(exp, bank, stopper, path):
+  params = bank_lib.bank_path(bank, exp.topology, path)
   if stopper is not None and str(path) in stopper.best:
     return stopper.best_params(path, params)
   return params
@@ -527,9 +544,10 @@ def _path_params_for_eval(exp, state, stopper, path):
 def _score_paths(exp, state, stopper, layout, config, on_path):
   """Scores `layout` under every path, one path at a time, so memory stays
   at one path's [windows, L] NLLs: calls `on_path(p, nll_MxL)`."""
+  bank = exp.host_bank(state)
   for p in range(exp.topology.num_paths):
     on_path(p, routed.token_nll(
-        exp.model, _path_params_for_eval(exp, state, stopper, p), layout,
+        exp.model, _path_params_for_eval(exp, bank, stopper, p), layout,
         config.train.eval_batch_size))
 
 
@@ -582,6 +600,8 @@ def _dump_reroute_data(exp, split, chunks, doc_paths, nll_NxCxP, layout):
   """`eval.dump_reroute_data`: the chunk features and per-path chunk NLLs of
   a split, to study re-routers offline (bench/window_router_study.py)."""
   path = exp.run_dir.parent.parent / "router" / f"reroute_data_{split}.npz"
+  if not multihost.is_writer():
+    return
   with path.open("wb") as f:
     np.savez(f, sums_NxGxD=chunks.sums_NxGxD, counts_NxG=chunks.counts_NxG,
              prefix_len=chunks.prefix_len, every=chunks.every,
@@ -736,6 +756,8 @@ def _data_summary(data) -> dict:
 
 
 def _write_results(workdir, results, runs) -> None:
+  if not multihost.is_writer():
+    return
   (workdir / "results.json").write_text(json.dumps(results, indent=1))
   plots = [report_lib.plot_losses(workdir, runs)]
   if results.get("paths"):

@@ -54,9 +54,10 @@ class RandomBatches:
     self.salt_W = salt_W if salt_W is not None else np.zeros(num_workers,
                                                              np.int64)
 
-  def batch(self, step):
-    out = np.empty(self.shape, np.int32)
-    for w in range(self.shape[0]):
+  def batch(self, step, streams=None):
+    streams = range(self.shape[0]) if streams is None else streams
+    out = np.empty((len(streams),) + self.shape[1:], np.int32)
+    for i, w in enumerate(streams):
       rng = np.random.default_rng([self.seed, w, int(self.salt_W[w]), step])
-      out[w] = rng.integers(4, self.vocab_size, self.shape[1:])
+      out[i] = rng.integers(4, self.vocab_size, self.shape[1:])
     return out

@@ -1,9 +1,10 @@
 r"""The DiPaCo paper's 16x16 setup on C4 (256 paths of ~150M), for TPU pods.
 
-Command (single host for now: multi-host input is not done, see
-BUILD_NOTES.md; C4 prepared with TFDS, README.md "C4 and Cloud TPU"):
+Command (on every host of a pod slice, e.g. through launch/tpu_vm.sh; C4
+prepared with TFDS, README.md "C4 and Cloud TPU"; multi-host is tested on
+CPU processes only, BUILD_NOTES.md):
   python -m dipaco_jax.main --config=experiments/paper_dipaco_16x16_c4.py \
-      --workdir=gs://BUCKET/dipaco_16x16
+      --workdir=gs://BUCKET/dipaco_16x16 --distributed
 
 The paper's hyperparameters (reference/dipaco_diloco.md section 1.4):
 paths of 12 blocks, d_model 896, 16 heads of 64, 150M parameters (our
@@ -24,8 +25,9 @@ say whether its 16x16 used path-specific modules), outer gradients weighted
 by shard size and not rescaled by sqrt(paths through a module).
 Expected result (the paper, Table 3): validation perplexity 12.39 routed
 once per document, 11.38 with early stopping and re-routing every 64 tokens
-(its learned re-routing router; ours routes each window with the k-means /
-linear router), against 16.23 for the dense 150M baseline. Not yet run here.
+(its learned transformer re-router; ours is a linear window router fit on
+the held-out router documents), against 16.23 for the dense 150M baseline.
+Not yet run here.
 """
 
 from dipaco_jax import config_base

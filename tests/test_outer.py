@@ -118,7 +118,8 @@ def test_h1_outer_sgd_lr1_equals_synchronous_training(tmp_path):
   _, got = _train(diloco, data, tmp_path / "diloco")
 
   class Concatenated:  # The same examples as one batch of 4 x 8.
-    def batch(self, step):
+    def batch(self, step, streams=(0,)):
+      del streams  # one worker
       return data.batch(step).reshape(1, 32, -1)
 
   sync = testing.tiny_config("1", replicas=1, num_steps=4)

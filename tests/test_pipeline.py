@@ -15,7 +15,7 @@ from dipaco_jax.model import transformer
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.routing import features
 
-_TINY = [
+TINY_FLAGS = [
     "--config.data.max_corpus_chars=1000000",
     "--config.data.vocab_size=512",
     "--config.data.seq_len=64",
@@ -34,7 +34,7 @@ _TINY = [
 def _main(workdir, *flags, fake_devices=0, env=None):
   cmd = [sys.executable, "-m", "dipaco_jax.main",
          "--config=experiments/quickstart.py", f"--workdir={workdir}",
-         *_TINY, *flags]
+         *TINY_FLAGS, *flags]
   if fake_devices:
     cmd.append(f"--fake_devices={fake_devices}")
   return subprocess.run(

@@ -87,8 +87,8 @@ def test_losses_decrease_on_learnable_data(tmp_path):
   config.inner_opt.learning_rate = 1e-2
 
   class Repeating:  # Every row is the same short cycle: easy to learn.
-    def batch(self, step):
-      del step
+    def batch(self, step, streams=(0,)):
+      del step, streams  # one worker
       row = np.tile(np.arange(4, 14), 5)[:config.data.seq_len + 1]
       return np.broadcast_to(row, (1, 8, row.size)).astype(np.int32)
 

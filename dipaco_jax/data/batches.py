@@ -121,12 +121,16 @@ class StackedBatches:
     """The number of rows N of each stream."""
     return [r.shape[0] for r in self._rows]
 
-  def batch(self, step: int) -> np.ndarray:
-    """int32 [W, B, L+1]; stream w is `batch_for_step(rows[w], ..., w, ...)`."""
+  def batch(self, step: int, streams: Sequence[int] | None = None
+            ) -> np.ndarray:
+    """int32 [len(streams), B, L+1] (all W streams by default); stream w is
+    `batch_for_step(rows[w], ..., w, ...)` whichever others are made."""
+    streams = range(len(self._rows)) if streams is None else streams
     width = self._rows[0].shape[1]
-    out = np.empty((len(self._rows), self._batch_size, width), dtype=np.int32)
-    for w, rows in enumerate(self._rows):
-      out[w] = batch_for_step(rows, self._seed, w, step, self._batch_size)
+    out = np.empty((len(streams), self._batch_size, width), dtype=np.int32)
+    for i, w in enumerate(streams):
+      out[i] = batch_for_step(self._rows[w], self._seed, w, step,
+                              self._batch_size)
     return out
 
 

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from dipaco_jax.eval import routed
+from dipaco_jax.parallel import multihost
 
 
 class EarlyStopping:
@@ -39,16 +40,21 @@ class EarlyStopping:
       loss = float(nll.sum() / max(layout.windows["weights"].sum(), 1.0))
       key = str(p)
       if key not in self.best or loss < self.best[key]["loss"]:
-        host = jax.device_get(params)
-        leaves = {f"leaf_{i}": np.asarray(x)
-                  for i, x in enumerate(jax.tree.leaves(host))}
-        final = self.directory / f"path_{p:05d}.npz"
-        tmp = self.directory / f"path_{p:05d}.tmp.npz"
-        with tmp.open("wb") as f:
-          np.savez(f, **leaves)
-        tmp.replace(final)  # Atomic: a crash never leaves half a snapshot.
+        # Every process takes the same decisions; process 0 writes.
+        if multihost.is_writer():
+          self._save_snapshot(p, jax.device_get(params))
         self.best[key] = {"loss": loss, "step": step}
-    self.best_path.write_text(json.dumps(self.best, indent=1))
+    if multihost.is_writer():
+      self.best_path.write_text(json.dumps(self.best, indent=1))
+
+  def _save_snapshot(self, path: int, host_params) -> None:
+    leaves = {f"leaf_{i}": np.asarray(x)
+              for i, x in enumerate(jax.tree.leaves(host_params))}
+    final = self.directory / f"path_{path:05d}.npz"
+    tmp = self.directory / f"path_{path:05d}.tmp.npz"
+    with tmp.open("wb") as f:
+      np.savez(f, **leaves)
+    tmp.replace(final)  # Atomic: a crash never leaves half a snapshot.
 
   def best_params(self, path: int, like):
     """The path's best snapshot, shaped like `like` (a path param tree)."""

@@ -15,8 +15,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from dipaco_jax import config_base
 
 
-def setup_fake_devices(num_devices: int) -> None:
-  """Asks for `num_devices` CPU devices; must run before JAX starts.
+def setup_fake_devices(num_devices: int, check: bool = True) -> None:
+  """Asks for `num_devices` CPU devices (per process); must run before JAX
+  starts. With `check`, verifies it took (this starts JAX's backends).
 
   Raises a clear error when the platform is not CPU, since fake devices only
   exist there.
@@ -30,10 +31,18 @@ def setup_fake_devices(num_devices: int) -> None:
         f"JAX_PLATFORMS={platforms!r}; unset it or drop --fake_devices.")
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", num_devices)
-  if jax.default_backend() != "cpu" or jax.device_count() != num_devices:
+  if check:
+    verify_fake_devices(num_devices)
+
+
+def verify_fake_devices(num_devices: int) -> None:
+  """Raises unless JAX runs on `num_devices` local CPU devices."""
+  if num_devices <= 0:
+    return
+  if jax.default_backend() != "cpu" or jax.local_device_count() != num_devices:
     raise ValueError(
         f"--fake_devices={num_devices}: JAX started on "
-        f"{jax.default_backend()} with {jax.device_count()} devices. Fake "
+        f"{jax.default_backend()} with {jax.local_device_count()} devices. Fake "
         "devices must be set before JAX initializes; drop the flag on GPU/TPU.")
 
 

@@ -6,12 +6,14 @@ checkpoint reproduces an uninterrupted run exactly (DESIGN invariant 3).
 """
 
 import dataclasses
+import functools
 
 from etils import epath
 import jax
 import numpy as np
 
 from dipaco_jax.data import prefetch
+from dipaco_jax.parallel import multihost
 from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import metrics as metrics_lib
 
@@ -62,10 +64,11 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
           flush=True)
     return TrainResult(state, start, latest, 0.0, np.array([]))
 
-  if latest is not None:  # Steps logged after the checkpoint run again.
-    metrics_lib.drop_rows_after(run_dir / "logs" / "train" / "metrics.jsonl",
-                                start)
-  writer = metrics_lib.MetricWriter(str(run_dir))
+  writes = multihost.is_writer()  # logs come from process 0 alone
+  if latest is not None and writes:  # Steps logged after the checkpoint
+    metrics_lib.drop_rows_after(     # run again.
+        run_dir / "logs" / "train" / "metrics.jsonl", start)
+  writer = metrics_lib.MetricWriter(str(run_dir)) if writes else None
   tokens_per_step = (runtime.topology.num_workers * c.train.batch_size *
                      c.data.seq_len)
   progress = metrics_lib.Progress(name, start, num_steps, tokens_per_step)
@@ -77,7 +80,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
 
   def drain(step, device_metrics):
     nonlocal last_losses
-    host = jax.device_get(device_metrics)
+    host = multihost.to_host(device_metrics)
     losses_W = np.asarray(host["loss"])
     metrics_lib.finite_or_raise(step, losses_W)
     last_losses = losses_W
@@ -89,13 +92,18 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
                  "grad_norm": np.asarray(host["grad_norm"]).mean()}
       for w, loss in enumerate(mean_W):
         scalars[f"loss/worker_{w}"] = loss
-      scalars.update(progress.report(step, float(mean_W.mean())))
-      writer.write(step, scalars)
+      scalars.update(progress.report(step, float(mean_W.mean()),
+                                     show=writes))
+      if writer is not None:
+        writer.write(step, scalars)
     for hook in hooks:
       hook(step, state, losses_W)
 
   try:
-    with prefetch.Prefetcher(batches.batch, start, num_steps,
+    # Each process makes only the rows of the workers its devices hold.
+    local_batch = functools.partial(batches.batch,
+                                    streams=runtime.local_workers)
+    with prefetch.Prefetcher(local_batch, start, num_steps,
                              c.data.prefetch) as batch_iter:
       for step, batch in batch_iter:
         state, device_metrics = runtime.inner_step(
@@ -122,6 +130,10 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         drain(*pending)
   finally:
     ckpt.close()
-    writer.close()
+    if writer is not None:
+      writer.close()
+  # What process 0 wrote during training (early-stopping snapshots) is read
+  # by every process next.
+  multihost.barrier(f"trained {name}")
   return TrainResult(state, num_steps, latest,
                      progress.average_tokens_per_s(num_steps), last_losses)

@@ -60,13 +60,16 @@ class Progress:
     self._t0, self._s0 = time.perf_counter(), first_step
     self._start_time, self._start_step = self._t0, first_step
 
-  def report(self, step: int, loss: float) -> dict:
+  def report(self, step: int, loss: float, show: bool = True) -> dict:
+    """Tokens/s since the last report; prints the progress line if `show`."""
     now = time.perf_counter()
     steps = max(step - self._s0, 1)
     seconds = max(now - self._t0, 1e-9)
     tokens_per_s = steps * self.tokens_per_step / seconds
     eta = (self.last_step - step) * seconds / steps
     self._t0, self._s0 = now, step
+    if not show:
+      return {"tokens_per_s": tokens_per_s}
     logging.info("[%s] step %d/%d  loss %.4f  %.0f tokens/s  ETA %s",
                  self.name, step, self.last_step, loss, tokens_per_s,
                  format_seconds(eta))

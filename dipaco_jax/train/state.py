@@ -214,6 +214,28 @@ class Runtime:
     """One path's dense parameters gathered from a bank."""
     return bank_lib.bank_path(bank, self.topology, path)
 
-  def worker_rows(self, data_batch):
-    return jax.make_array_from_process_local_data(self.batch_sharding,
-                                                  data_batch)
+  @functools.cached_property
+  def global_batch_shape(self) -> tuple[int, int, int]:
+    return (self.topology.num_workers, self.config.train.batch_size,
+            self.config.data.seq_len + 1)
+
+  @functools.cached_property
+  def local_workers(self) -> tuple[int, ...]:
+    """The workers (batch streams) whose rows this process's devices hold."""
+    index_map = self.batch_sharding.addressable_devices_indices_map(
+        self.global_batch_shape)
+    num_workers = self.global_batch_shape[0]
+    return tuple(sorted({w for idx in index_map.values()
+                         for w in range(*idx[0].indices(num_workers))}))
+
+  def worker_rows(self, local_batch):
+    """The global [W, B, L+1] batch from this process's streams
+    (`local_workers`, in that order): each device takes its own rows."""
+    position = {w: i for i, w in enumerate(self.local_workers)}
+    num_workers = self.global_batch_shape[0]
+
+    def rows_of(index):
+      streams = [position[w] for w in range(*index[0].indices(num_workers))]
+      return local_batch[streams][:, index[1], index[2]]
+    return jax.make_array_from_callback(self.global_batch_shape,
+                                        self.batch_sharding, rows_of)

@@ -1,0 +1,66 @@
+"""Several processes (hosts) running one job: who writes, and when to wait.
+
+Every process runs the same pipeline, in the same order. Training is
+collective: every process runs it and feeds only the batch rows its own
+devices hold (`train.state.Runtime.worker_rows`); orbax coordinates the
+checkpoint writes. The cached stages that only compute on local data
+(tokenizer and token documents, routing features, routers, shards) run on
+process 0 first, which writes them; the other processes wait at a barrier
+and then load what it wrote (`first_on_writer`). Logs, plots and results
+are written by process 0 alone.
+
+Code run by `first_on_writer` must not run computations over the global mesh
+(only process 0 would join them): it works on host arrays.
+"""
+
+from typing import Callable, TypeVar
+
+import jax
+from jax.experimental import multihost_utils
+
+T = TypeVar("T")
+
+
+def initialize(coordinator_address: str | None = None,
+               num_processes: int | None = None,
+               process_id: int | None = None) -> None:
+  """`jax.distributed.initialize`; on CPU (tests: several local processes
+  with fake devices) cross-process collectives go through gloo."""
+  if jax.config.jax_platforms == "cpu":
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes,
+                             process_id=process_id)
+
+
+def is_writer() -> bool:
+  """Whether this process writes shared files (process 0)."""
+  return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches the barrier `name`."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def to_host(tree):
+  """Host copies of (possibly sharded) global arrays; with several processes
+  this is a collective, so every process must call it."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def first_on_writer(compute_or_load: Callable[[], T], name: str) -> T:
+  """Runs a cached stage on process 0, then on the others.
+
+  `compute_or_load()` must load its result when it is already stored and
+  otherwise compute and store it: process 0 computes and stores it, the
+  others wait, then load it.
+  """
+  if jax.process_count() == 1:
+    return compute_or_load()
+  result = compute_or_load() if is_writer() else None
+  barrier(name)
+  return result if is_writer() else compute_or_load()

@@ -1,0 +1,61 @@
+"""Two processes (4 fake CPU devices each) run the job as one 8-device mesh
+and get the numbers a single 8-device process gets."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+import test_pipeline  # pylint: disable=g-bad-import-order  (tests/ is on sys.path)
+
+_FLAGS = ["--config.base.num_steps=4", "--config.train.num_steps=8",
+          "--config.diloco.inner_steps=4", "--config.eval.early_stopping=True",
+          "--config.routing.router_fraction=0.2",
+          "--config.eval.reroute_every=16"]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _command(workdir, *extra):
+  return [sys.executable, "-m", "dipaco_jax.main",
+          "--config=experiments/quickstart.py", f"--workdir={workdir}",
+          *test_pipeline.TINY_FLAGS, *_FLAGS, *extra]
+
+
+def test_two_processes_match_one(tmp_path):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  cwd = os.path.dirname(os.path.dirname(__file__))
+  address = f"localhost:{_free_port()}"
+  procs = [subprocess.Popen(
+      _command(tmp_path / "two", "--fake_devices=4", "--distributed",
+               f"--coordinator_address={address}", "--num_processes=2",
+               f"--process_id={i}"),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+      env=env) for i in range(2)]
+  outs = [p.communicate(timeout=900) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  assert "[dipaco] step" in outs[0][0]  # process 0 reports progress,
+  assert "[dipaco] step" not in outs[1][0]  # the others stay quiet
+  one = subprocess.run(_command(tmp_path / "one", "--fake_devices=8"),
+                       capture_output=True, text=True, cwd=cwd, env=env,
+                       check=False)
+  assert one.returncode == 0, one.stderr[-3000:]
+  two = json.loads((tmp_path / "two" / "results.json").read_text())
+  want = json.loads((tmp_path / "one" / "results.json").read_text())
+  assert two["models"].keys() == want["models"].keys()
+  for name, model in want["models"].items():
+    assert two["models"][name]["tokens"] == model["tokens"]
+    np.testing.assert_allclose(two["models"][name]["loss"], model["loss"],
+                               rtol=1e-5, err_msg=name)
+  assert [p["train_documents"] for p in two["paths"]] == [
+      p["train_documents"] for p in want["paths"]]
+  assert [p["early_stopping_step"] for p in two["paths"]] == [
+      p["early_stopping_step"] for p in want["paths"]]
