@@ -274,8 +274,8 @@ def run_single_path(config, workdir) -> dict:
     base_exp, base_params = _train_base(config, data, workdir, train_ids)
     init_bank = bank_lib.path_params_to_bank(base_params, base_exp.topology,
                                              topology)
-  shard_ids, router_hash = _replica_shards(config, data, topology, train_ids,
-                                           base_exp, base_params)
+  shard_ids, router_hash = _replica_shards(
+      config, data, workdir, topology, train_ids, base_exp, base_params)
   shard_dir, manifest = make_shards(workdir, "main", data.docs["train"],
                                     shard_ids, {**data.hashes,
                                                 "router": router_hash})
@@ -298,26 +298,38 @@ def run_single_path(config, workdir) -> dict:
   return results
 
 
-def _replica_shards(config, data, topology, train_ids, base_exp,
+def _replica_shards(config, data, workdir, topology, train_ids, base_exp,
                     base_params):
   """Shards of the workers of a single path: i.i.d., or k-means clusters
-  (DiLoCo's non-i.i.d. setting)."""
+  (DiLoCo's non-i.i.d. setting, computed once and cached)."""
   w = topology.num_workers
   if w == 1 or config.routing.replica_shards == "iid":
     return iid_shards(train_ids, w, config.seed), "iid"
-  docs = data.docs["train"].subset(train_ids)
-  if base_params is not None:
-    feats = _features(config, docs, base_exp, base_params)
-  else:  # No base model: the initial embedding's prefix means.
+
+  init = None
+  if base_params is None:  # No base model: the initial embedding's prefix
+    # means (the initial bank is a global computation: every process).
     init = bank_lib.bank_path(jax.device_get(_fresh_bank(config, data)),
                               topology, 0)
-    feats = features_lib.prefix_features(None, init, docs,
-                                         config.data.prefix_len,
-                                         "token_embedding")
-  router = router_lib.fit_generative(config.seed, feats, (w,), "kmeans",
-                                     config.routing.kmeans_iters)
-  assign = router.top_k(feats, 1)[:, 0]
-  return [train_ids[assign == k] for k in range(w)], router.sha256()
+
+  def cluster():
+    docs = data.docs["train"].subset(train_ids)
+    if base_params is not None:
+      feats = _features(config, docs, base_exp, base_params)
+    else:
+      feats = features_lib.prefix_features(None, init, docs,
+                                           config.data.prefix_len,
+                                           "token_embedding")
+    router = router_lib.fit_generative(config.seed, feats, (w,), "kmeans",
+                                       config.routing.kmeans_iters)
+    return {"assign": router.top_k(feats, 1)[:, 0],
+            "router_sha256": np.array(router.sha256())}
+  z = _cached_arrays(workdir / "router" / "replicas_{}.npz".format(_key(
+      data.hashes, base_exp.hashes if base_exp else "init", config.seed,
+      config.routing.features, config.data.prefix_len, w,
+      config.routing.kmeans_iters, train_ids)), cluster)
+  return ([train_ids[z["assign"] == k] for k in range(w)],
+          str(z["router_sha256"]))
 
 
 def _features(config, docs, base_exp, base_params, init_params=None):
