@@ -325,11 +325,19 @@ def _replica_shards(config, data, workdir, topology, train_ids, base_exp,
     return {"assign": router.top_k(feats, 1)[:, 0],
             "router_sha256": np.array(router.sha256())}
   z = _cached_arrays(workdir / "router" / "replicas_{}.npz".format(_key(
-      data.hashes, base_exp.hashes if base_exp else "init", config.seed,
+      data.hashes, _feature_model_key(config, base_exp), config.seed,
       config.routing.features, config.data.prefix_len, w,
       config.routing.kmeans_iters, train_ids)), cluster)
   return ([train_ids[z["assign"] == k] for k in range(w)],
           str(z["router_sha256"]))
+
+
+def _feature_model_key(config, base_exp):
+  """What routing features depend on besides the documents: the base run,
+  or (without one) the initial model, which the model config shapes."""
+  if base_exp is not None:
+    return base_exp.hashes
+  return {"init": config.model.to_dict(), "seed": config.seed}
 
 
 def _features(config, docs, base_exp, base_params, init_params=None):
@@ -397,7 +405,7 @@ def run_dipaco(config, workdir) -> dict:
         jax.device_get(_fresh_bank(config, data)), topology, 0)
   # Features and the router are cached under keys of everything they
   # depend on (the base run's hashes, the documents, the routing config).
-  feats_key = _key(data.hashes, base_exp.hashes if base_exp else "init",
+  feats_key = _key(data.hashes, _feature_model_key(config, base_exp),
                    config.seed, config.routing.features,
                    config.data.prefix_len, path_ids, router_ids)
   feats = _cached_arrays(
@@ -461,7 +469,9 @@ def run_dipaco(config, workdir) -> dict:
         workdir / "router" / "window_{}.npz".format(_key(
             exp.hashes, router.sha256(), feats_key, config.eval.reroute_every,
             config.eval.window_router_objective, config.eval.early_stopping,
-            config.eval.holdout_fraction)),
+            config.eval.holdout_fraction,
+            # A dump run refits, so that the router data gets written.
+            config.eval.dump_reroute_data)),
         functools.partial(_fit_window_router, config, data, exp, result,
                           stopper, router, feats["router"], router_ids,
                           feature_source))

@@ -33,17 +33,21 @@ def test_two_processes_match_one(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   cwd = os.path.dirname(os.path.dirname(__file__))
   address = f"localhost:{_free_port()}"
-  procs = [subprocess.Popen(
-      _command(tmp_path / "two", "--fake_devices=4", "--distributed",
-               f"--coordinator_address={address}", "--num_processes=2",
-               f"--process_id={i}"),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-      env=env) for i in range(2)]
-  outs = [p.communicate(timeout=900) for p in procs]
-  for p, (_, err) in zip(procs, outs):
-    assert p.returncode == 0, err[-3000:]
-  assert "[dipaco] step" in outs[0][0]  # process 0 reports progress,
-  assert "[dipaco] step" not in outs[1][0]  # the others stay quiet
+  logs = [(tmp_path / f"process_{i}.out", tmp_path / f"process_{i}.err")
+          for i in range(2)]
+  procs = []
+  for i, (out, err) in enumerate(logs):  # files, not pipes: none can block
+    with out.open("w") as out_f, err.open("w") as err_f:
+      procs.append(subprocess.Popen(
+          _command(tmp_path / "two", "--fake_devices=4", "--distributed",
+                   f"--coordinator_address={address}", "--num_processes=2",
+                   f"--process_id={i}"),
+          stdout=out_f, stderr=err_f, text=True, cwd=cwd, env=env))
+  for p, (_, err) in zip(procs, logs):
+    assert p.wait(timeout=900) == 0, err.read_text()[-3000:]
+  outs = [out.read_text() for out, _ in logs]
+  assert "[dipaco] step" in outs[0]  # process 0 reports progress,
+  assert "[dipaco] step" not in outs[1]  # the others stay quiet
   one = subprocess.run(_command(tmp_path / "one", "--fake_devices=8"),
                        capture_output=True, text=True, cwd=cwd, env=env,
                        check=False)

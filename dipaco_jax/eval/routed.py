@@ -104,7 +104,8 @@ class Chunks:
   Target chunk c of a document covers target positions [prefix_len + c *
   every, prefix_len + (c + 1) * every). Input group 0 is the prefix and input
   group 1 + c the input positions of chunk c, so groups 0 .. c are exactly
-  the tokens read before target chunk c + 1 is predicted.
+  the tokens read before target chunk c is predicted (the input at position
+  t predicts the target at t + 1).
   """
   prefix_len: int
   every: int

@@ -33,7 +33,9 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
 
   Args:
     runtime: a `train.state.Runtime`.
-    batches: has `batch(step) -> [W, B, L+1]` (data.batches.StackedBatches).
+    batches: has `batch(step, streams) -> [len(streams), B, L+1]`, the rows
+      of those workers (data.batches.StackedBatches); each process asks for
+      its `runtime.local_workers`.
     run_dir: this run's directory (checkpoints/, logs/).
     hashes: what the checkpoint must match on resume.
     name: shown in progress lines.
