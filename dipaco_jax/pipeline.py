@@ -469,7 +469,7 @@ def run_dipaco(config, workdir) -> dict:
         workdir / "router" / "window_{}.npz".format(_key(
             exp.hashes, router.sha256(), feats_key, config.eval.reroute_every,
             config.eval.window_router_objective, config.eval.early_stopping,
-            config.eval.holdout_fraction,
+            config.eval.holdout_fraction, "inputs: both contexts",
             # A dump run refits, so that the router data gets written.
             config.eval.dump_reroute_data)),
         functools.partial(_fit_window_router, config, data, exp, result,
@@ -638,8 +638,8 @@ def _fit_window_router(config, data, exp, result, stopper, doc_router,
   """The learned re-router: the paper's test-time router is a transformer
   trained on "the best path over the next window"; ours is the same target
   with a linear router (`routed.window_router_features`: the base feature of
-  everything read so far and of the previous chunk, and the prefix's path),
-  fit on the held-out router documents, never on validation."""
+  everything read so far and of the previous chunk), fit on the held-out
+  router documents, never on validation."""
   every, num_paths = config.eval.reroute_every, exp.topology.num_paths
   docs = data.docs["train"].subset(router_ids)
   layout = routed.make_layout(docs, config.data.seq_len,

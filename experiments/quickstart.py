@@ -13,7 +13,7 @@ What it runs, on the embedded corpus (Python's standard library source):
 
 Expected result (recorded on a 2-core CPU, 2026-11-26, 2 minutes): DiPaCo
 routed once per document 53.3 perplexity against 54.2 for the dense
-baseline on the same 52k tokens, 52.4 re-routed every 64 tokens by the
+baseline on the same 52k tokens, 52.0 re-routed every 64 tokens by the
 learned window router (a small model and a small gap; the GPU runs in
 BUILD_NOTES.md show the larger one). Re-running the command reuses every
 finished stage.

@@ -114,7 +114,8 @@ def test_chunk_nll_and_window_features():
   # Target chunk c is chunk c's own 8 tokens: 1.0 each on topic 1, else 3.0.
   np.testing.assert_allclose(nll[:, :3], [[24, 8, 8], [8, 24, 8]])
   assert not nll[:, 3:].any()
-  feats = routed.window_router_features(chunks, np.array([0, 1]), 2)
+  feats = routed.window_router_features(chunks, np.array([0, 1]), 2,
+                                        prefix_path=True)
   # [N, chunks - 1, cumulative (2) + previous chunk (2) + prefix path (2)].
   assert feats.shape == (2, chunks.num_chunks - 1, 6)
   # Doc 0 chunk 1 is routed from chunk 0 (topic 0) and the prefix (topic 0).

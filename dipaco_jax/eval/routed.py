@@ -176,11 +176,18 @@ def chunk_nll(layout: Layout, chunks: Chunks, nll_MxL) -> np.ndarray:
 
 def window_router_features(chunks: Chunks, doc_paths_N, num_paths: int,
                            context: str = "both",
-                           prefix_path: bool = True) -> np.ndarray:
+                           prefix_path: bool = False) -> np.ndarray:
   """[N, num_chunks - 1, D'] inputs of the learned window router: the mean
   feature of the tokens read so far (`Chunks.features(context)`; 'both' is
   everything so far and the previous chunk) and, with `prefix_path`, the
-  one-hot path the prefix chose. All of it is known before the chunk."""
+  one-hot path the prefix chose. All of it is known before the chunk.
+
+  The prefix path is off by default: after a discriminative phase the
+  document router was fit on the router documents themselves, so on them
+  the prefix path is an in-sample guess, better than it is on new text; and
+  5-fold cross-validation on the router documents preferred the inputs
+  without it (bench/window_router_study.py, BUILD_NOTES.md).
+  """
   feats = chunks.features(context)
   if not prefix_path:
     return feats
