@@ -29,9 +29,13 @@ def _command(workdir, *extra):
           *test_pipeline.TINY_FLAGS, *_FLAGS, *extra]
 
 
-def test_two_processes_match_one(tmp_path):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  cwd = os.path.dirname(os.path.dirname(__file__))
+_ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
+_CWD = os.path.dirname(os.path.dirname(__file__))
+
+
+def _run_two_processes(tmp_path, *extra):
+  """Runs the job as 2 processes of 4 CPU devices; returns (return codes,
+  stdout, stderr) per process."""
   address = f"localhost:{_free_port()}"
   logs = [(tmp_path / f"process_{i}.out", tmp_path / f"process_{i}.err")
           for i in range(2)]
@@ -41,15 +45,21 @@ def test_two_processes_match_one(tmp_path):
       procs.append(subprocess.Popen(
           _command(tmp_path / "two", "--fake_devices=4", "--distributed",
                    f"--coordinator_address={address}", "--num_processes=2",
-                   f"--process_id={i}"),
-          stdout=out_f, stderr=err_f, text=True, cwd=cwd, env=env))
-  for p, (_, err) in zip(procs, logs):
-    assert p.wait(timeout=900) == 0, err.read_text()[-3000:]
-  outs = [out.read_text() for out, _ in logs]
+                   f"--process_id={i}", *extra),
+          stdout=out_f, stderr=err_f, text=True, cwd=_CWD, env=_ENV))
+  codes = [p.wait(timeout=900) for p in procs]
+  return codes, [o.read_text() for o, _ in logs], [
+      e.read_text() for _, e in logs]
+
+
+def test_two_processes_match_one(tmp_path):
+  codes, outs, errs = _run_two_processes(tmp_path)
+  for code, err in zip(codes, errs):
+    assert code == 0, err[-3000:]
   assert "[dipaco] step" in outs[0]  # process 0 reports progress,
   assert "[dipaco] step" not in outs[1]  # the others stay quiet
   one = subprocess.run(_command(tmp_path / "one", "--fake_devices=8"),
-                       capture_output=True, text=True, cwd=cwd, env=env,
+                       capture_output=True, text=True, cwd=_CWD, env=_ENV,
                        check=False)
   assert one.returncode == 0, one.stderr[-3000:]
   two = json.loads((tmp_path / "two" / "results.json").read_text())
@@ -63,3 +73,13 @@ def test_two_processes_match_one(tmp_path):
       p["train_documents"] for p in want["paths"]]
   assert [p["early_stopping_step"] for p in two["paths"]] == [
       p["early_stopping_step"] for p in want["paths"]]
+
+
+def test_a_failed_stage_on_process_0_stops_every_process(tmp_path):
+  """Process 0 finds the validation split empty in the data stage; the other
+  process stops with an error naming the stage instead of waiting."""
+  codes, _, errs = _run_two_processes(
+      tmp_path, "--config.data.max_corpus_chars=3000",
+      "--config.data.validation_fraction=0.01")
+  assert codes[0] != 0 and "validation split" in errs[0]
+  assert codes[1] != 0 and "Process 0 failed in the stage 'data'" in errs[1]

@@ -17,6 +17,7 @@ from typing import Callable, TypeVar
 
 import jax
 from jax.experimental import multihost_utils
+import numpy as np
 
 T = TypeVar("T")
 
@@ -61,6 +62,20 @@ def first_on_writer(compute_or_load: Callable[[], T], name: str) -> T:
   """
   if jax.process_count() == 1:
     return compute_or_load()
-  result = compute_or_load() if is_writer() else None
-  barrier(name)
+  result, error = None, None
+  if is_writer():
+    try:
+      result = compute_or_load()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      error = e
+  # A collective all processes join, like a barrier, that also tells the
+  # others whether process 0 failed: they stop with an error instead of
+  # waiting for files that will never come.
+  failed = int(multihost_utils.broadcast_one_to_all(
+      np.int32(error is not None)))
+  if error is not None:
+    raise error
+  if failed:
+    raise RuntimeError(f"Process 0 failed in the stage {name!r} (its log has "
+                       "the error); stopping this process too.")
   return result if is_writer() else compute_or_load()
