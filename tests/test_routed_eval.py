@@ -34,32 +34,32 @@ def _position_sums(layout):
   return group_sums
 
 
-def test_rerouting_reads_the_previous_chunk_only():
+def _want_previous_chunk(chunk):
+  # Chunk c reads chunk c - 1, whose input positions are 4 + 4 (c - 1) ...
+  # + 3 (mean: + 1.5).
+  return int(4 + 4 * (chunk - 1) + 1.5)
+
+
+def _want_cumulative(chunk):
+  # Positions 0 .. 4 + 4 c - 1 are read before chunk c: mean (4c + 3) / 2.
+  return int((4 * chunk + 3) / 2)
+
+
+@pytest.mark.parametrize("context,want_fn", [
+    ("previous_chunk", _want_previous_chunk),
+    ("cumulative", _want_cumulative)])
+def test_rerouting_reads_only_tokens_before_the_chunk(context, want_fn):
+  """The feature is each token's position, the route its floor: the path
+  of every scored token names exactly what the router read."""
   layout = routed.make_layout(_docs([20]), seq_len=8, prefix_len=4)
   chunks = routed.chunk_features(layout, 4, 4, _position_sums(layout))
   path_MxL = routed.route_by_features(
       layout, chunks, np.array([99]), lambda f: np.floor(f[:, 0]).astype(int),
-      chunks.features("previous_chunk"))
+      chunks.features(context))
   weights = layout.windows["weights"] > 0
   for t, p in zip(layout.target_pos_MxL[weights], path_MxL[weights]):
     chunk = (t - 4) // 4
-    # Chunk 0 takes the prefix's path; chunk c reads chunk c - 1, whose
-    # input positions are 4 + 4 (c - 1) ... + 3 (mean: + 1.5).
-    want = 99 if chunk == 0 else int(4 + 4 * (chunk - 1) + 1.5)
-    assert p == want, (t, p, want)
-
-
-def test_cumulative_rerouting_reads_everything_so_far():
-  layout = routed.make_layout(_docs([20]), seq_len=8, prefix_len=4)
-  chunks = routed.chunk_features(layout, 4, 4, _position_sums(layout))
-  path_MxL = routed.route_by_features(
-      layout, chunks, np.array([99]), lambda f: np.floor(f[:, 0]).astype(int),
-      chunks.features("cumulative"))
-  weights = layout.windows["weights"] > 0
-  for t, p in zip(layout.target_pos_MxL[weights], path_MxL[weights]):
-    chunk = (t - 4) // 4
-    # Positions 0 .. 4 + 4 c - 1 are read before chunk c: mean (4c + 3) / 2.
-    want = 99 if chunk == 0 else int((4 * chunk + 3) / 2)
+    want = 99 if chunk == 0 else want_fn(chunk)  # chunk 0: the prefix's path
     assert p == want, (t, p, want)
 
 
