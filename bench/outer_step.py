@@ -15,6 +15,7 @@ import numpy as np
 
 from dipaco_jax import config_base
 from dipaco_jax import testing
+from dipaco_jax.train import sync as sync_lib
 import timing  # bench/timing.py (the script's folder is on sys.path)
 
 
@@ -39,14 +40,16 @@ def main():
     holder["state"], metrics = runtime.inner_step(holder["state"], batch)
     return metrics["loss"]
 
+  sync = sync_lib.InProcessSync(runtime)  # What the training loop calls.
+
   def outer():
-    holder["state"] = runtime.outer_step(holder["state"])
+    holder["state"] = sync.finish(0, sync.start(0, holder["state"]))
     return holder["state"]["step"]
 
   inner_s = timing.seconds_per_call(inner, args.steps)
   outer_s = timing.seconds_per_call(outer, args.steps)
   bank_bytes = sum(x.nbytes for x in jax.tree.leaves(
-      holder["state"]["outer_params"]))
+      holder["state"]["outer"]["params"]))
   result = {
       "device": jax.devices()[0].device_kind, "jax": jax.__version__,
       "config": args.config, "workers": w, "batch_per_path": b,

@@ -90,7 +90,7 @@ def build_topology(num_layers: int,
   level_of_layer = np.repeat(np.arange(num_levels), layers_per_level)
   num_paths = math.prod(level_sizes)
   paths = np.arange(num_paths)
-  level_ids_PxL = np.stack(np.unravel_index(paths, level_sizes), axis=1)
+  level_ids_PxLv = np.stack(np.unravel_index(paths, level_sizes), axis=1)
   private = set(private_layers)
 
   slots, columns = [], []
@@ -123,7 +123,7 @@ def build_topology(num_layers: int,
     elif kind == "private":
       add(name, "shared", None, layers, np.zeros(num_paths, np.int64))
     else:
-      add(name, "level", level, layers, level_ids_PxL[:, level])
+      add(name, "level", level, layers, level_ids_PxLv[:, level])
     start = layer
 
   assignment_PxS = np.stack(columns, axis=1).astype(np.int32)

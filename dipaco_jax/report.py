@@ -1,7 +1,14 @@
-"""The final table on stdout and the plots a person would rather look at."""
+"""The job's report: results.json, the final table on stdout and the plots
+a person would rather look at."""
 
+import json
+
+from absl import logging
 from etils import epath
+import numpy as np
 
+from dipaco_jax.parallel import multihost
+from dipaco_jax.store import atomic
 from dipaco_jax.train import metrics as metrics_lib
 
 
@@ -113,3 +120,37 @@ def plot_paths(workdir, results, filename="paths.png") -> str:
   ax2.set_xticks(xs)
   ax2.legend()
   return _save(fig, workdir, filename)
+
+
+def train_summary(run) -> dict:
+  """The results.json entry of a `stages.experiment.TrainedRun`."""
+  exp, result = run.experiment, run.result
+  return {"name": exp.name, "workers": exp.topology.num_workers,
+          "steps": result.steps, "tokens_per_s": result.tokens_per_s,
+          "resumed_from": result.resumed_from,
+          "bytes_communicated": exp.bytes_communicated(),
+          "final_loss": float(np.mean(result.final_losses_W))
+          if result.final_losses_W.size else None}
+
+
+def data_summary(data) -> dict:
+  """Documents and tokens per split, for results.json."""
+  return {s: {"documents": len(d), "tokens": d.num_tokens}
+          for s, d in data.docs.items()}
+
+
+def write_results(workdir, results, runs) -> None:
+  """results.json, the plots of `runs` and the table (process 0 only)."""
+  if not multihost.is_writer():
+    return
+  # Not `write_json`: sorted keys would reorder the table's models.
+  atomic.write_text(workdir / "results.json", json.dumps(results, indent=1))
+  plots = [plot_losses(workdir, runs)]
+  if results.get("paths"):
+    plots.append(plot_paths(workdir, results))
+  print(final_table(results), flush=True)
+  for p in plots:
+    if p:
+      print(f"plot: {p}")
+  print(f"results: {workdir / 'results.json'}", flush=True)
+  logging.info("Wrote %s", workdir / "results.json")

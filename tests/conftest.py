@@ -1,4 +1,5 @@
-"""Test setup: 8 fake CPU devices before JAX starts."""
+"""Test setup: 8 fake CPU devices before JAX starts; implicit rank
+promotion is an error, so a broadcast that only works by accident fails."""
 
 import os
 
@@ -7,3 +8,4 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # pylint: disable=g-import-not-at-top
 
 jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -61,7 +61,8 @@ def test_path_composed_from_bank_equals_dense_model():
   # Make the experts differ so that gathering the wrong one would show.
   bank = jax.tree.map(
       lambda x: x + 0.01 * jnp.arange(x.shape[0]).reshape(
-          (-1,) + (1,) * (x.ndim - 1)), jax.device_get(state["outer_params"]))
+          (-1,) + (1,) * (x.ndim - 1)),
+      jax.device_get(state["outer"]["params"]))
   dense_model = transformer.build_model(
       runtime.dims, paths_lib.build_topology(4, (1,)))
   tokens = np.random.default_rng(2).integers(0, 97, (2, 12)).astype(np.int32)
@@ -108,13 +109,13 @@ def test_state_shardings_on_fake_8_device_mesh():
   assert dict(runtime.mesh.shape) == {"path": 4, "data": 1, "fsdp": 1,
                                       "tensor": 2}
   state = runtime.init_state(jax.random.key(0))
-  inner = state["inner_params"]
+  inner = state["inner"]["params"]
   gate_up = inner["layers_00_01"]["blocks"]["mlp"]["gate_up"]
   assert gate_up.shape == (4, 2, 32, 2, 64)  # [W, layers, D, 2, F]
   assert gate_up.sharding.spec == P("path", None, "fsdp", None, "tensor")
   assert inner["embed_head"]["embedding"].sharding.spec == P(
       "path", "tensor", "fsdp")
-  bank = state["outer_params"]
+  bank = state["outer"]["params"]
   assert bank["layers_00_01"]["blocks"]["mlp"]["gate_up"].shape[0] == 2
   assert bank["embed_head"]["head"].sharding.spec == P(None, "fsdp",
                                                        "tensor")
@@ -123,7 +124,7 @@ def test_state_shardings_on_fake_8_device_mesh():
   assert shard.shape == (1, 2, 32, 2, 32)
   assert inner["embed_head"]["embedding"].shape == (4, 128, 32)
   # AdamW moments are sharded like the parameters they belong to.
-  mu = jax.tree.leaves(state["inner_opt_state"],
+  mu = jax.tree.leaves(state["inner"]["opt_state"],
                        is_leaf=lambda x: hasattr(x, "mu"))
   adam = [x for x in mu if hasattr(x, "mu")][0]
   assert adam.mu["layers_00_01"]["blocks"]["mlp"]["gate_up"].sharding == (

@@ -9,6 +9,7 @@ import optax
 from dipaco_jax import testing
 from dipaco_jax.diloco import outer
 from dipaco_jax.train import loop
+import reference_step  # pylint: disable=g-bad-import-order  (in tests/)
 
 # 2 levels x 2 experts = 4 paths (workers); path p uses expert p // 2 of
 # slot 'a' (level 0) and p % 2 of slot 'b' (level 1); slot 'e' is shared.
@@ -23,13 +24,12 @@ def _nesterov():
   return outer.outer_optimizer(cfg)
 
 
-def _outer_step(bank, opt_state, inner, rescale=False):
-  mixing = outer.mixing_matrices(ASSIGNMENT, WEIGHTS, [2, 2, 1])
-  users = outer.users_per_module(ASSIGNMENT, [2, 2, 1])
-  return outer.outer_update(bank, opt_state, inner, _nesterov(),
-                            assignment_WxS=ASSIGNMENT, slot_names=SLOTS,
-                            mixing=mixing, users=users,
-                            rescale_by_sqrt_users=rescale)
+def _outer_step(bank, opt_state, inner, rescale=False, weights=WEIGHTS):
+  new, restarted, _ = outer.outer_update(
+      {"params": bank, "opt_state": opt_state}, inner, _nesterov(),
+      assignment_WxS=ASSIGNMENT, slot_names=SLOTS, weights_W=weights,
+      rescale_by_sqrt_users=rescale)
+  return new["params"], new["opt_state"], restarted
 
 
 def test_golden_outer_update_two_levels_unequal_weights_nesterov():
@@ -39,7 +39,8 @@ def test_golden_outer_update_two_levels_unequal_weights_nesterov():
            "b": jnp.array([[9.0], [19.0], [11.0], [18.0]]),
            "e": jnp.array([[4.0], [6.0], [5.0], [5.5]])}
   tx = _nesterov()
-  bank1, state1, restarted = _outer_step(bank, tx.init(bank), inner)
+  bank1, state1, restarted = _outer_step(
+      bank, outer.init_outer_opt_state(tx, bank), inner)
   # Pseudo-gradients, weighted by shard size over each module's users:
   #  a0: users 0 (w=1), 1 (w=2): 1.0 - (0.5 + 1.6)/3 = 0.3
   #  a1: users 2 (w=3), 3 (w=4): 2.0 - (4.5 + 4.0)/7 = 0.7857142857
@@ -81,8 +82,9 @@ def test_sqrt_users_rescaling_multiplies_the_pseudo_gradient():
   inner = {"a": jnp.array([[0.5], [0.8], [1.5], [1.0]]),
            "b": jnp.zeros((4, 1)), "e": jnp.zeros((4, 1))}
   mixing = outer.mixing_matrices(ASSIGNMENT, WEIGHTS, [2, 2, 1])
-  users = outer.users_per_module(ASSIGNMENT, [2, 2, 1])
-  delta = outer.pseudo_gradients(bank, inner, SLOTS, mixing, users, True)
+  users = outer.users_per_module(ASSIGNMENT, WEIGHTS, [2, 2, 1])
+  delta = outer.pseudo_gradients(bank, inner, ASSIGNMENT, SLOTS, mixing,
+                                 users, True)
   np.testing.assert_allclose(delta["a"][:, 0],
                              [0.3 * 2 ** 0.5, (2.0 - 8.5 / 7) * 2 ** 0.5],
                              atol=1e-6)
@@ -91,10 +93,10 @@ def test_sqrt_users_rescaling_multiplies_the_pseudo_gradient():
 def test_unused_module_gets_no_update():
   assignment = np.array([[0], [0]])  # expert 1 has no users
   mixing = outer.mixing_matrices(assignment, np.ones(2), [2])
-  users = outer.users_per_module(assignment, [2])
+  users = outer.users_per_module(assignment, np.ones(2), [2])
   delta = outer.pseudo_gradients({"a": jnp.array([[1.0], [3.0]])},
-                                 {"a": jnp.array([[0.0], [1.0]])}, ("a",),
-                                 mixing, users, False)
+                                 {"a": jnp.array([[0.0], [1.0]])},
+                                 assignment, ("a",), mixing, users, False)
   np.testing.assert_allclose(delta["a"][:, 0], [0.5, 0.0])
 
 
@@ -115,20 +117,19 @@ def test_h1_outer_sgd_lr1_equals_synchronous_training(tmp_path):
   diloco.diloco.outer_lr = 1.0
   diloco.diloco.outer_momentum = 0.0
   data = testing.RandomBatches(4, 8, diloco.data.seq_len)
-  _, got = _train(diloco, data, tmp_path / "diloco")
+  runtime, got = _train(diloco, data, tmp_path / "diloco")
 
-  class Concatenated:  # The same examples as one batch of 4 x 8.
-    def batch(self, step, streams=(0,)):
-      del streams  # one worker
-      return data.batch(step).reshape(1, 32, -1)
-
-  sync = testing.tiny_config("1", replicas=1, num_steps=4)
-  sync.inner_opt = diloco.inner_opt
-  sync.train.batch_size = 32
-  _, want = _train(sync, Concatenated(), tmp_path / "sync")
-  for g, w in zip(jax.tree.leaves(got["outer_params"]),
-                  jax.tree.leaves(want["inner_params"])):
-    np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+  # Synchronous SGD, written out: the same examples as one batch of 4 x 8.
+  fresh = jax.device_get(runtime.init_state(jax.random.key(diloco.seed)))
+  want = jax.tree.map(lambda x: x[0], fresh["outer"]["params"])
+  opt = reference_step.init(want)
+  step_fn = reference_step.make_step(runtime.model, diloco.inner_opt,
+                                     diloco.train.num_steps)
+  for step in range(4):
+    want, opt, _ = step_fn(want, opt, data.batch(step).reshape(32, -1))
+  for g, w in zip(jax.tree.leaves(got["outer"]["params"]),
+                  jax.tree.leaves(want)):
+    np.testing.assert_allclose(g[0], w, rtol=2e-5, atol=2e-6)
 
 
 def test_one_expert_per_level_equals_plain_diloco(tmp_path):
@@ -142,11 +143,12 @@ def test_one_expert_per_level_equals_plain_diloco(tmp_path):
   # Reference DiLoCo: per replica AdamW for H steps, mean of deltas over the
   # whole parameter tree, optax Nesterov.
   fresh = jax.device_get(runtime.init_state(jax.random.key(config.seed)))
-  theta = jax.tree.map(lambda x: x[0], fresh["outer_params"])
+  theta = jax.tree.map(lambda x: x[0], fresh["outer"]["params"])
   tx_out = optax.sgd(0.7, momentum=0.9, nesterov=True)
   out_state = tx_out.init(theta)
-  inner_state = [runtime.inner_tx.init(theta) for _ in range(2)]
-  step_fn = jax.jit(runtime._worker_step)  # pylint: disable=protected-access
+  inner_state = [reference_step.init(theta) for _ in range(2)]
+  step_fn = reference_step.make_step(runtime.model, config.inner_opt,
+                                     config.train.num_steps)
   for rnd in range(2):
     finals = []
     for r in range(2):
@@ -158,7 +160,7 @@ def test_one_expert_per_level_equals_plain_diloco(tmp_path):
     delta = jax.tree.map(lambda t, a, b: t - (a + b) / 2, theta, *finals)
     updates, out_state = tx_out.update(delta, out_state, theta)
     theta = optax.apply_updates(theta, updates)
-  for g, w in zip(jax.tree.leaves(got["outer_params"]),
+  for g, w in zip(jax.tree.leaves(got["outer"]["params"]),
                   jax.tree.leaves(theta)):
     np.testing.assert_allclose(g[0], w, rtol=1e-5, atol=1e-6)
 
@@ -175,19 +177,19 @@ def test_modules_change_only_through_their_paths_and_stay_in_sync(tmp_path):
   same = lambda x, y: all(np.array_equal(p, q) for p, q in zip(
       jax.tree.leaves(x), jax.tree.leaves(y)))
   take = lambda tree, e: jax.tree.map(lambda x: x[e], tree)
-  assert same(take(a["outer_params"][level0], 0),
-              take(b["outer_params"][level0], 0))
-  assert same(take(a["outer_params"][level1], 0),
-              take(b["outer_params"][level1], 0))
-  assert not same(take(a["outer_params"][level0], 1),
-                  take(b["outer_params"][level0], 1))
-  assert not same(take(a["outer_params"][level1], 1),
-                  take(b["outer_params"][level1], 1))
-  assert not same(a["outer_params"]["embed_head"],
-                  b["outer_params"]["embed_head"])
+  assert same(take(a["outer"]["params"][level0], 0),
+              take(b["outer"]["params"][level0], 0))
+  assert same(take(a["outer"]["params"][level1], 0),
+              take(b["outer"]["params"][level1], 0))
+  assert not same(take(a["outer"]["params"][level0], 1),
+                  take(b["outer"]["params"][level0], 1))
+  assert not same(take(a["outer"]["params"][level1], 1),
+                  take(b["outer"]["params"][level1], 1))
+  assert not same(a["outer"]["params"]["embed_head"],
+                  b["outer"]["params"]["embed_head"])
   # Right after the outer step, every user of a module holds its outer copy.
   for w, (e0, e1) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
-    assert same(take(a["inner_params"][level0], w),
-                take(a["outer_params"][level0], e0))
-    assert same(take(a["inner_params"][level1], w),
-                take(a["outer_params"][level1], e1))
+    assert same(take(a["inner"]["params"][level0], w),
+                take(a["outer"]["params"][level0], e0))
+    assert same(take(a["inner"]["params"][level1], w),
+                take(a["outer"]["params"][level1], e1))

@@ -13,7 +13,6 @@ invariant 5). Checkpoints record the shard hashes (invariant 4), and
 
 import hashlib
 import json
-import os
 from typing import Sequence
 
 from absl import logging
@@ -21,6 +20,7 @@ from etils import epath
 import numpy as np
 
 from dipaco_jax.data import token_store
+from dipaco_jax.store import atomic
 
 MANIFEST = 'manifest.json'
 
@@ -88,9 +88,7 @@ def write_shards(directory: str, token_docs: token_store.TokenDocs,
     })
   manifest = {'num_shards': len(entries), 'shards': entries,
               'hashes': dict(hashes)}
-  tmp = directory / f'.{MANIFEST}.tmp-{os.getpid()}'
-  tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-  tmp.replace(manifest_path)
+  atomic.write_json(manifest_path, manifest, indent=2)
   logging.info('Wrote %d shards to %s (tokens per shard: %s).', len(entries),
                directory, [e['num_tokens'] for e in entries])
   return manifest

@@ -20,6 +20,7 @@ from etils import epath
 import numpy as np
 
 from dipaco_jax.data import tokenizer as tokenizer_lib
+from dipaco_jax.store import atomic
 
 
 @dataclasses.dataclass
@@ -117,7 +118,7 @@ class TokenDocs:
 
 
 def save_npz(path: epath.Path, **arrays: np.ndarray) -> None:
-  """`np.savez` to a temp file next to `path`, then a rename.
+  """`np.savez` written atomically (`store.atomic.write_npz`).
 
   A reader never sees a half-written file under the final name.
 
@@ -125,10 +126,7 @@ def save_npz(path: epath.Path, **arrays: np.ndarray) -> None:
     path: the destination.
     **arrays: the arrays to store.
   """
-  tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
-  with tmp.open('wb') as f:
-    np.savez(f, **arrays)
-  tmp.replace(path)
+  atomic.write_npz(path, **arrays)
 
 
 def load_npz(path: str | os.PathLike[str],

@@ -35,6 +35,8 @@ from etils import epath
 import numpy as np
 import sentencepiece as spm
 
+from dipaco_jax.store import atomic
+
 _SPACE_SYMBOL = '\u2581'
 _PAD_ID, _UNK_ID, _BOS_ID, _EOS_ID = 0, 1, 2, 3
 _MODEL_FILE = 'spm.model'
@@ -250,13 +252,6 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, seed: int = 0,
   return writer.getvalue()
 
 
-def _write_atomic(path: epath.Path, data: bytes) -> None:
-  """Writes `data` to a temp file next to `path`, then renames it."""
-  tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
-  tmp.write_bytes(data)
-  tmp.replace(path)
-
-
 def load_or_train_tokenizer(workdir: str, texts_fn: Callable[[],
                                                              Iterable[str]],
                             vocab_size: int, model_path: str = '',
@@ -308,11 +303,11 @@ def load_or_train_tokenizer(workdir: str, texts_fn: Callable[[],
   # reused, so a crash between the two writes only costs a retrain.
   if info_file.exists():
     info_file.unlink()
-  _write_atomic(model_file, model_proto)
+  atomic.write_bytes(model_file, model_proto)
   tokenizer = Tokenizer(model_proto, model_path=os.fspath(model_file))
-  _write_atomic(info_file, json.dumps(
-      dict(wanted, sha256=tokenizer.sha256,
-           actual_vocab_size=tokenizer.vocab_size), indent=2).encode())
+  atomic.write_json(info_file, dict(wanted, sha256=tokenizer.sha256,
+                                    actual_vocab_size=tokenizer.vocab_size),
+                    indent=2)
   logging.info('Trained a tokenizer (vocab %d, sha256 %s) into %s.',
                tokenizer.vocab_size, tokenizer.sha256, directory)
   return tokenizer

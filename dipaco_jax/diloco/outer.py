@@ -1,76 +1,85 @@
-"""The outer step, per module: pure functions of arrays.
+"""The outer step, per module: a chain of small pure functions of arrays.
 
 Every H inner steps, for each slot s and expert e (a *module*):
 
-  delta[s][e] = sum_w a[w, e] * (outer[s][e] - inner[s][w])   (1)
-  a[w, e]     = c_w [assignment[w, s] == e] / sum_w' c_w' [assignment[w', s] == e]
+  contribution  c[w][s] = outer[s][e(w, s)] - inner[s][w]             (1)
+  compress      what worker w sends: identity today (DiLoCoX's
+                quantizers and low rank slot in here, with a per-worker
+                error-feedback buffer)
+  mix           delta[s][e] = r[s][e] * sum_w a[w, e] c[w][s]            (2)
+                a[w, e] = c_w [e(w, s) == e] / sum_w' c_w' [e(w', s) == e]
+  optimize      outer[s], state[s] <- outer optimizer(delta[s])   (optax)
+  restart       inner[s][w] = outer[s][e(w, s)]
 
-with c_w the worker's weight (its shard size in tokens, paper Eq. 2-3, or 1),
-optionally times sqrt(number of workers using the module) (paper section
-2.7). The outer optimizer (optax; Nesterov by default) treats delta as a
-gradient. Then every worker restarts from its modules' new outer parameters,
-keeping its own AdamW state. Modules with no users get delta = 0.
+with e(w, s) = assignment[w, s] the expert of slot s that worker w uses,
+c_w the worker's weight (its shard size in tokens, paper Eq. 2-3, or 1; 0
+for a worker that is missing this round) and r the optional sqrt(number of
+weighted users) rescaling (paper section 2.7), else 1. A module whose users
+all have weight 0 (or that has no users) is *frozen*: delta = 0, and its
+parameters and optimizer state (momentum) stay as they are, since a zero
+pseudo-gradient alone would still move it by its momentum.
 
-The SPMD runtime calls these inside one jitted function; the island runtime
-calls the same functions on modules loaded from checkpoints. No formula here
-is written anywhere else.
+The weights are traced arrays, so a worker dropping out (weight 0) does not
+recompile a jitted step. The outer optimizer state is held per slot,
+`{slot: tx.init(bank[slot])}`, so one module's executor can own its state.
+Every optimizer here is elementwise, so this equals one update of the whole
+bank.
+
+The SPMD runtime calls the whole chain (`outer_update`) inside one jitted
+step; the island runtime calls `contributions` and `compress` in a worker
+and the rest in the module's outer executor. No formula here is written
+anywhere else.
 """
+
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+# compress(contributions, error_feedback) -> (sent, error_feedback); trees
+# are {slot: leaves [W, ...]} (error_feedback may be None).
+Compressor = Callable[[dict, dict | None], tuple[dict, dict | None]]
 
-def mixing_matrices(assignment_WxS: np.ndarray, weights_W: np.ndarray,
-                    num_experts: list[int]) -> list[np.ndarray]:
-  """The a[w, e] of Eq. (1) for each slot: [W, K_s], columns sum to 1 or 0."""
+
+def check_weights(weights_W) -> np.ndarray:
+  """The worker weights as float64, or a clear error."""
   weights_W = np.asarray(weights_W, np.float64)
   if (weights_W < 0).any() or not weights_W.any():
     raise ValueError(f"worker weights must be >= 0, not all 0: {weights_W}")
+  return weights_W
+
+
+def _onehot_WxK(assignment_W, num_experts: int):
+  return (jnp.asarray(assignment_W)[:, None] ==
+          jnp.arange(num_experts)[None, :]).astype(jnp.float32)
+
+
+def mixing_matrices(assignment_WxS, weights_W, num_experts: list[int]
+                    ) -> list[jax.Array]:
+  """The a[w, e] of Eq. (2) for each slot: [W, K_s]; a column sums to 1, or
+  to 0 for a module with no weighted user. `weights_W` may be traced."""
+  weights_W = jnp.asarray(weights_W, jnp.float32)
   out = []
   for s, k in enumerate(num_experts):
-    onehot_WxK = (assignment_WxS[:, s][:, None] == np.arange(k)[None, :])
-    mass_WxK = onehot_WxK * weights_W[:, None]
+    mass_WxK = _onehot_WxK(assignment_WxS[:, s], k) * weights_W[:, None]
     total_K = mass_WxK.sum(0)
-    out.append((mass_WxK / np.where(total_K > 0, total_K, 1.0)).astype(
-        np.float32))
+    out.append(mass_WxK / jnp.where(total_K > 0, total_K, 1.0)[None, :])
   return out
 
 
-def users_per_module(assignment_WxS: np.ndarray,
-                     num_experts: list[int]) -> list[np.ndarray]:
-  """How many workers use each module: [K_s] per slot."""
-  return [np.bincount(assignment_WxS[:, s], minlength=k).astype(np.float32)
+def users_per_module(assignment_WxS, weights_W, num_experts: list[int]
+                     ) -> list[jax.Array]:
+  """How many workers with weight > 0 use each module: [K_s] per slot."""
+  present_W = (jnp.asarray(weights_W) > 0).astype(jnp.float32)
+  return [(_onehot_WxK(assignment_WxS[:, s], k) * present_W[:, None]).sum(0)
           for s, k in enumerate(num_experts)]
 
 
 def _expand(v_K, leaf):
+  """[K] -> [K, 1, ...] to broadcast against a leaf [K, ...]."""
   return v_K.reshape(v_K.shape + (1,) * (leaf.ndim - 1))
-
-
-def pseudo_gradients(outer_bank: dict, inner_params: dict, slot_names,
-                     mixing: list, users: list,
-                     rescale_by_sqrt_users: bool) -> dict:
-  """Eq. (1) for every slot. Trees are {slot: params}; bank leaves [K, ...],
-  inner leaves [W, ...]."""
-  deltas = {}
-  for s, name in enumerate(slot_names):
-    a_WxK = jnp.asarray(mixing[s])
-    scale_K = jnp.asarray(users[s])
-    scale_K = jnp.where(scale_K > 0, jnp.sqrt(scale_K), 0.0) if (
-        rescale_by_sqrt_users) else (scale_K > 0).astype(jnp.float32)
-
-    def slot_delta(outer_K, inner_W, a_WxK=a_WxK, scale_K=scale_K):
-      # The weighted mean of the workers' copies; HIGHEST keeps float32 on
-      # GPUs, whose default matmul precision would round to TF32.
-      mean_K = jnp.einsum("wk,w...->k...", a_WxK, inner_W.astype(jnp.float32),
-                          precision=jax.lax.Precision.HIGHEST)
-      return (outer_K - mean_K) * _expand(scale_K, outer_K)
-
-    deltas[name] = jax.tree.map(slot_delta, outer_bank[name],
-                                inner_params[name])
-  return deltas
 
 
 def gather_workers(bank: dict, assignment_WxS, slot_names) -> dict:
@@ -80,16 +89,115 @@ def gather_workers(bank: dict, assignment_WxS, slot_names) -> dict:
           for s, name in enumerate(slot_names)}
 
 
-def outer_update(outer_bank, outer_opt_state, inner_params, tx, *,
-                 assignment_WxS, slot_names, mixing, users,
-                 rescale_by_sqrt_users):
-  """One outer step. Returns (outer_bank, outer_opt_state, inner_params)."""
-  deltas = pseudo_gradients(outer_bank, inner_params, slot_names, mixing,
-                            users, rescale_by_sqrt_users)
-  updates, outer_opt_state = tx.update(deltas, outer_opt_state, outer_bank)
-  outer_bank = optax.apply_updates(outer_bank, updates)
-  restarted = gather_workers(outer_bank, assignment_WxS, slot_names)
-  return outer_bank, outer_opt_state, restarted
+def contributions(outer_bank: dict, inner_params: dict, assignment_WxS,
+                  slot_names) -> dict:
+  """Eq. (1): what each worker moved its modules by, outer - inner, in
+  float32: {slot: leaves [W, ...]}."""
+  start = gather_workers(outer_bank, assignment_WxS, slot_names)
+  return {name: jax.tree.map(
+      lambda o, i: o.astype(jnp.float32) - i.astype(jnp.float32),
+      start[name], inner_params[name]) for name in slot_names}
+
+
+def identity_compressor(contribs: dict, error_feedback):
+  """Sends the contributions as they are (no compression)."""
+  return contribs, error_feedback
+
+
+def mix(contribs: dict, slot_names, mixing: list, users: list,
+        rescale_by_sqrt_users: bool) -> dict:
+  """Eq. (2): each module's pseudo-gradient from its users' contributions:
+  {slot: leaves [W, ...]} -> {slot: leaves [K, ...]}."""
+  deltas = {}
+  for s, name in enumerate(slot_names):
+    a_WxK = jnp.asarray(mixing[s], jnp.float32)
+    users_K = jnp.asarray(users[s], jnp.float32)
+    scale_K = (jnp.sqrt(users_K) if rescale_by_sqrt_users
+               else (users_K > 0).astype(jnp.float32))
+
+    def slot_delta(c_W, a_WxK=a_WxK, scale_K=scale_K):
+      # HIGHEST keeps float32 on GPUs, whose default matmul precision would
+      # round to TF32.
+      mean_K = jnp.einsum("wk,w...->k...", a_WxK, c_W,
+                          precision=jax.lax.Precision.HIGHEST)
+      return mean_K * _expand(scale_K, mean_K)
+
+    deltas[name] = jax.tree.map(slot_delta, contribs[name])
+  return deltas
+
+
+def pseudo_gradients(outer_bank: dict, inner_params: dict, assignment_WxS,
+                     slot_names, mixing: list, users: list,
+                     rescale_by_sqrt_users: bool) -> dict:
+  """Contributions, then mixing, without compression: Eq. (1)-(2)."""
+  return mix(contributions(outer_bank, inner_params, assignment_WxS,
+                           slot_names),
+             slot_names, mixing, users, rescale_by_sqrt_users)
+
+
+def init_outer_opt_state(tx: optax.GradientTransformation,
+                         bank: dict) -> dict:
+  """The outer optimizer's state, per slot: {slot: tx.init(bank[slot])}."""
+  return {name: tx.init(params) for name, params in bank.items()}
+
+
+def optimize(tx: optax.GradientTransformation, bank: dict, opt_state: dict,
+             deltas: dict, active: dict) -> tuple[dict, dict]:
+  """The outer optimizer, slot by slot, treating `deltas` as gradients.
+
+  `active` is {slot: bool [K]}: a module that is not active keeps its
+  parameters and its optimizer state. Returns (bank, opt_state).
+  """
+  new_bank, new_state = {}, {}
+  for name, params in bank.items():
+    active_K = active[name]
+    keep = lambda new, old, a=active_K: jnp.where(_expand(a, new), new, old)
+    updates, state = tx.update(deltas[name], opt_state[name], params)
+    new_bank[name] = jax.tree.map(keep, optax.apply_updates(params, updates),
+                                  params)
+    # The state's parameter-shaped leaves (momentum) are frozen like the
+    # parameters; the others (step counts) advance.
+    mask = optax.tree_map_params(
+        tx, lambda leaf, a=active_K: _expand(a, leaf), state,
+        transform_non_params=lambda _: True)
+    new_state[name] = jax.tree.map(jnp.where, mask, state, opt_state[name])
+  return new_bank, new_state
+
+
+def outer_update(outer: dict, inner_params: dict,
+                 tx: optax.GradientTransformation, *, assignment_WxS,
+                 slot_names, weights_W, rescale_by_sqrt_users: bool,
+                 compress: Compressor = identity_compressor,
+                 error_feedback=None):
+  """The whole chain: one outer step of every module.
+
+  Args:
+    outer: {"params": bank {slot: [K, ...]}, "opt_state": {slot: state}}.
+    inner_params: every worker's parameters {slot: [W, ...]}.
+    tx: the outer optimizer.
+    assignment_WxS: int table, worker w uses expert [w, s] of slot s.
+    slot_names: the slots, in the table's column order.
+    weights_W: the workers' weights (may be traced; 0 = missing).
+    rescale_by_sqrt_users: multiply by sqrt(weighted users).
+    compress: the compressor hook.
+    error_feedback: the compressor's per-worker state, or None.
+
+  Returns:
+    (outer, restarted inner params, error_feedback).
+  """
+  bank = outer["params"]
+  num_experts = [jax.tree.leaves(bank[n])[0].shape[0] for n in slot_names]
+  sent, error_feedback = compress(
+      contributions(bank, inner_params, assignment_WxS, slot_names),
+      error_feedback)
+  users = users_per_module(assignment_WxS, weights_W, num_experts)
+  deltas = mix(sent, slot_names, mixing_matrices(assignment_WxS, weights_W,
+                                                 num_experts),
+               users, rescale_by_sqrt_users)
+  active = {name: users[s] > 0 for s, name in enumerate(slot_names)}
+  bank, opt_state = optimize(tx, bank, outer["opt_state"], deltas, active)
+  restarted = gather_workers(bank, assignment_WxS, slot_names)
+  return {"params": bank, "opt_state": opt_state}, restarted, error_feedback
 
 
 def outer_optimizer(diloco_config) -> optax.GradientTransformation:

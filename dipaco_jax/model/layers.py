@@ -4,6 +4,10 @@ Parameters are float32 and carry logical axis names (see
 `config_base.DEFAULT_SHARDING_RULES`); compute runs in `config.dtype`
 (bfloat16 by default). Attention goes through `jax.nn.dot_product_attention`
 so that GPUs get the fused cuDNN kernel.
+
+Shape suffixes (the legend for the whole package is in docs/DESIGN.md): B
+batch, L sequence length, D model width, H heads, Dh head width, R rotary
+frequencies (Dh / 2), F MLP width, V vocabulary.
 """
 
 import dataclasses
@@ -77,18 +81,22 @@ class RMSNorm(nn.Module):
         nn.initializers.ones, ("embed",)), (x_BxLxD.shape[-1],), jnp.float32)
     x32 = x_BxLxD.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6)
-    return (x32 * scale_D).astype(self.dims.compute_dtype)
+    scale = scale_D.reshape((1,) * (x32.ndim - 1) + scale_D.shape)
+    return (x32 * scale).astype(self.dims.compute_dtype)
 
 
-def rotary(x_BxLxHxK, base: float):
+def rotary(x_BxLxHxDh, base: float):
   """Rotary position embedding over the last axis (split in halves)."""
-  length, half = x_BxLxHxK.shape[1], x_BxLxHxK.shape[-1] // 2
-  inv_freq_K = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle_LxK = jnp.arange(length, dtype=jnp.float32)[:, None] * inv_freq_K
-  sin, cos = jnp.sin(angle_LxK)[:, None], jnp.cos(angle_LxK)[:, None]
-  x1, x2 = jnp.split(x_BxLxHxK.astype(jnp.float32), 2, axis=-1)
+  length, half = x_BxLxHxDh.shape[1], x_BxLxHxDh.shape[-1] // 2
+  inv_freq_R = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  position_Lx1 = jnp.arange(length, dtype=jnp.float32)[:, None]
+  angle_LxR = position_Lx1 * inv_freq_R[None, :]
+  # [1, L, 1, R]: broadcast over batch and heads.
+  sin = jnp.sin(angle_LxR)[None, :, None, :]
+  cos = jnp.cos(angle_LxR)[None, :, None, :]
+  x1, x2 = jnp.split(x_BxLxHxDh.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
-  return out.astype(x_BxLxHxK.dtype)
+  return out.astype(x_BxLxHxDh.dtype)
 
 
 class Attention(nn.Module):
@@ -99,25 +107,25 @@ class Attention(nn.Module):
   def __call__(self, x_BxLxD):
     d = self.dims
     dtype = d.compute_dtype
-    w_Dx3xHxK = self.param(
+    w_Dx3xHxDh = self.param(
         "qkv", _param_init(d.init_std, ("embed", None, "heads", "kv")),
         (d.d_model, 3, d.num_heads, d.head_dim), jnp.float32)
-    qkv_BxLx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxLxD,
-                               w_Dx3xHxK.astype(dtype))
-    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (qkv_BxLx3xHxK[:, :, i]
-                                        for i in range(3))
-    q_BxLxHxK = rotary(q_BxLxHxK, d.rope_base)
-    k_BxLxHxK = rotary(k_BxLxHxK, d.rope_base)
-    out_BxLxHxK = jax.nn.dot_product_attention(
-        q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=True,
+    qkv_BxLx3xHxDh = jnp.einsum("bld,dthk->blthk", x_BxLxD,
+                                w_Dx3xHxDh.astype(dtype))
+    q_BxLxHxDh, k_BxLxHxDh, v_BxLxHxDh = (qkv_BxLx3xHxDh[:, :, i]
+                                          for i in range(3))
+    q_BxLxHxDh = rotary(q_BxLxHxDh, d.rope_base)
+    k_BxLxHxDh = rotary(k_BxLxHxDh, d.rope_base)
+    out_BxLxHxDh = jax.nn.dot_product_attention(
+        q_BxLxHxDh, k_BxLxHxDh, v_BxLxHxDh, is_causal=True,
         implementation=d.attention)
     # Residual branches are scaled down with depth (GPT-2 style) so that
     # the residual stream's variance does not grow with the number of layers.
-    w_HxKxD = self.param(
+    w_HxDhxD = self.param(
         "out", _param_init(d.init_std / (2 * d.num_layers) ** 0.5,
                            ("heads", "kv", "embed")),
         (d.num_heads, d.head_dim, d.d_model), jnp.float32)
-    return jnp.einsum("blhk,hkd->bld", out_BxLxHxK, w_HxKxD.astype(dtype))
+    return jnp.einsum("blhk,hkd->bld", out_BxLxHxDh, w_HxDhxD.astype(dtype))
 
 
 class GatedMlp(nn.Module):

@@ -57,16 +57,18 @@ def best_path_labels(nll_NxP: jax.Array) -> jax.Array:
 
 def router_logits(router: LinearRouter, x_NxD: jax.Array) -> jax.Array:
   """Logits_NxP of `router` for features x_NxD."""
-  z_NxD = (jnp.asarray(x_NxD, jnp.float32) - router.mean_D) / router.std_D
-  return jnp.matmul(z_NxD, router.w_DxP,
-                    precision=jax.lax.Precision.HIGHEST) + router.b_P
+  z_NxD = ((jnp.asarray(x_NxD, jnp.float32) - router.mean_D[None, :]) /
+           router.std_D[None, :])
+  logits_NxP = jnp.matmul(z_NxD, router.w_DxP,
+                          precision=jax.lax.Precision.HIGHEST)
+  return logits_NxP + router.b_P[None, :]
 
 
 def _standardize(x_NxD):
   mean_D = jnp.mean(x_NxD, axis=0)
   std_D = jnp.std(x_NxD, axis=0)
   std_D = jnp.where(std_D > _MIN_STD, std_D, 1.0)
-  return (x_NxD - mean_D) / std_D, mean_D, std_D
+  return (x_NxD - mean_D[None, :]) / std_D[None, :], mean_D, std_D
 
 
 def _adam_fit(z_NxD, w_DxP, b_P, loss_of_logits, l2, num_steps,
@@ -76,7 +78,7 @@ def _adam_fit(z_NxD, w_DxP, b_P, loss_of_logits, l2, num_steps,
   def loss_fn(params):
     w_DxP, b_P = params
     logits_NxP = jnp.matmul(z_NxD, w_DxP,
-                            precision=jax.lax.Precision.HIGHEST) + b_P
+                            precision=jax.lax.Precision.HIGHEST) + b_P[None, :]
     # L2 on w only: penalizing the bias would pull shares towards uniform.
     return loss_of_logits(logits_NxP) + 0.5 * l2 * jnp.sum(jnp.square(w_DxP))
 

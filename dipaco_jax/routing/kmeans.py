@@ -71,7 +71,7 @@ def _kmeans_plus_plus_init(key, x_NxD, k):
   chosen_N = jnp.zeros((n,), bool).at[first].set(True)
   # Distances to one centre are computed as sum((x - c)^2), not the expanded
   # form: it is exact, so duplicates of a chosen point get weight exactly 0.
-  min_d_N = jnp.sum(jnp.square(x_NxD - x_NxD[first]), axis=-1)
+  min_d_N = jnp.sum(jnp.square(x_NxD - x_NxD[first][None, :]), axis=-1)
 
   def body(i, carry):
     centroids_KxD, chosen_N, min_d_N = carry
@@ -86,7 +86,8 @@ def _kmeans_plus_plus_init(key, x_NxD, k):
     c_D = x_NxD[idx]
     centroids_KxD = centroids_KxD.at[i].set(c_D)
     chosen_N = chosen_N.at[idx].set(True)
-    min_d_N = jnp.minimum(min_d_N, jnp.sum(jnp.square(x_NxD - c_D), axis=-1))
+    min_d_N = jnp.minimum(min_d_N, jnp.sum(jnp.square(x_NxD - c_D[None, :]),
+                                           axis=-1))
     return centroids_KxD, chosen_N, min_d_N
 
   centroids_KxD, _, _ = jax.lax.fori_loop(
@@ -140,7 +141,7 @@ def _kmeans(key, x_NxD, k, num_iters, num_restarts):
   # k-means is translation invariant; centring first keeps ||x||^2 small so
   # the expanded distance formula loses less to float32 cancellation.
   mean_D = jnp.mean(x_NxD, axis=0)
-  x_NxD = x_NxD - mean_D
+  x_NxD = x_NxD - mean_D[None, :]
 
   def one_run(run_key):
     init_KxD = _kmeans_plus_plus_init(run_key, x_NxD, k)
@@ -156,7 +157,7 @@ def _kmeans(key, x_NxD, k, num_iters, num_restarts):
       return jax.tree.map(lambda a, b: jnp.where(better, a, b), res, best), None
 
     best, _ = jax.lax.scan(body, best, keys[1:])
-  return best._replace(centroids_KxD=best.centroids_KxD + mean_D)
+  return best._replace(centroids_KxD=best.centroids_KxD + mean_D[None, :])
 
 
 def kmeans(key: jax.Array, x_NxD: jax.Array, k: int, num_iters: int = 50,

@@ -16,6 +16,7 @@ from dipaco_jax.data import prefetch
 from dipaco_jax.parallel import multihost
 from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import metrics as metrics_lib
+from dipaco_jax.train import sync as sync_lib
 
 
 @dataclasses.dataclass
@@ -28,7 +29,8 @@ class TrainResult:
 
 
 def train(runtime, batches, run_dir: str, hashes: dict, name: str,
-          init_bank=None, hooks=(), after_outer_step=()) -> TrainResult:
+          init_bank=None, hooks=(), after_outer_step=(),
+          synchronizer: sync_lib.Synchronizer | None = None) -> TrainResult:
   """Runs (or resumes) `config.train.num_steps` inner steps.
 
   Args:
@@ -45,9 +47,12 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
       state passed is the newest one, which may be a step ahead).
     after_outer_step: callables `fn(step, state)` run right after each outer
       step (e.g. per-path early stopping).
+    synchronizer: where outer steps come from (`train.sync`); by default
+      the in-process jitted step of `runtime`.
   """
   c = runtime.config
   num_steps, sync_every = c.train.num_steps, c.diloco.inner_steps
+  sync = synchronizer or sync_lib.InProcessSync(runtime)
   run_dir = epath.Path(run_dir)
   ckpt = ckpt_lib.Checkpointer(str(run_dir / "checkpoints"), c.ckpt.every,
                                c.ckpt.keep, c.ckpt.async_save)
@@ -112,7 +117,11 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
             state, runtime.worker_rows(batch))
         done = step + 1
         if sync_every and done % sync_every == 0:
-          state = runtime.outer_step(state)
+          state = _sync_round(sync, done // sync_every - 1, state)
+          if done == num_steps:
+            # A delayed synchronizer's open rounds, before the final save.
+            state = sync_lib.finish_remaining(sync, done // sync_every - 1,
+                                              state)
           for fn in after_outer_step:
             fn(done, state)
         if pending is not None:
@@ -139,3 +148,12 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   multihost.barrier(f"trained {name}")
   return TrainResult(state, num_steps, latest,
                      progress.average_tokens_per_s(num_steps), last_losses)
+
+
+def _sync_round(sync, round_index: int, state):
+  """Ends round `round_index`: hands it over, and applies the round that is
+  due (`sync.delay` rounds earlier)."""
+  state = sync.start(round_index, state)
+  if round_index >= sync.delay:
+    state = sync.finish(round_index - sync.delay, state)
+  return state

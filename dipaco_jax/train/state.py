@@ -1,15 +1,21 @@
 """Training state and the two jitted steps of the SPMD runtime.
 
-The state is a dict (orbax saves it as is):
-  step             int32, inner steps taken by every worker
-  outer_params     the module bank: {slot: leaves [K_s, ...]}
-  outer_opt_state  the outer optimizer's state for the bank
-  inner_params     every worker's path: {slot: leaves [W, ...]}
-  inner_opt_state  every worker's AdamW state (leading W axis)
+The state is a dict of two parts that are saved, sent and donated apart:
+  step                 int32, inner steps taken by every worker
+  inner                per worker (leading axis W):
+    params             every worker's path: {slot: leaves [W, ...]}
+    opt_state          every worker's AdamW state
+    (error_feedback    a compressor's residual, when one is used)
+  outer                per module (leading axis K_s in each slot):
+    params             the module bank: {slot: leaves [K_s, ...]}
+    opt_state          the outer optimizer's state, {slot: state}
 
 `inner_step` is the per-worker AdamW step `jax.vmap`ped over workers (the
-mesh axis `path`); `outer_step` is `diloco.outer.outer_update`. Both are
-jitted with explicit shardings and donate the state.
+mesh axis `path`); `outer_step(state, weights_W)` is the chain of
+`diloco.outer`, with the worker weights as an argument (a missing worker's
+weight 0 does not recompile). Both are jitted with explicit shardings and
+donate the state. The training loop reaches `outer_step` only through a
+synchronizer (`train.sync`).
 """
 
 import dataclasses
@@ -52,20 +58,17 @@ class Runtime:
     self.model = transformer.build_model(self.dims, self.topology)
     self.rules = mesh_lib.rules_of(c)
     self.slot_names = tuple(s.name for s in self.topology.slots)
-    num_experts = [s.num_experts for s in self.topology.slots]
-    weights = (self.worker_weights_W if c.diloco.weight_by_shard_size
-               else np.ones(self.topology.num_workers))
-    self.mixing = outer_lib.mixing_matrices(self.topology.assignment_WxS,
-                                            weights, num_experts)
-    self.users = outer_lib.users_per_module(self.topology.assignment_WxS,
-                                            num_experts)
+    # The outer step's worker weights: shard sizes (paper Eq. 2-3) or 1.
+    self.outer_weights_W = outer_lib.check_weights(
+        self.worker_weights_W if c.diloco.weight_by_shard_size
+        else np.ones(self.topology.num_workers))
     self.inner_tx = inner_lib.inner_optimizer(c.inner_opt, c.train.num_steps)
     self.outer_tx = outer_lib.outer_optimizer(c.diloco)
     self._build_shardings()
     self.init_state = self._jit_init()
     self._all_finite = jax.jit(lambda s: jnp.all(jnp.stack([
         jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(
-            (s["inner_params"], s["outer_params"]))])))
+            (s["inner"]["params"], s["outer"]["params"]))])))
     self.inner_step = self._jit_inner_step()
     self.outer_step = self._jit_outer_step()
 
@@ -102,15 +105,20 @@ class Runtime:
 
     self.state_shardings = {
         "step": replicated,
-        "outer_params": self.bank_shardings,
-        "outer_opt_state": opt_shardings(
-            self.outer_tx, abstract["outer_opt_state"], self.bank_shardings,
-            lambda _: replicated),
-        "inner_params": self.inner_param_shardings,
-        "inner_opt_state": opt_shardings(
-            self.inner_tx, abstract["inner_opt_state"],
-            self.inner_param_shardings,
-            lambda leaf: worker_vector if leaf.ndim else replicated),
+        "inner": {
+            "params": self.inner_param_shardings,
+            "opt_state": opt_shardings(
+                self.inner_tx, abstract["inner"]["opt_state"],
+                self.inner_param_shardings,
+                lambda leaf: worker_vector if leaf.ndim else replicated),
+        },
+        "outer": {
+            "params": self.bank_shardings,
+            "opt_state": {name: opt_shardings(
+                self.outer_tx, abstract["outer"]["opt_state"][name],
+                self.bank_shardings[name], lambda _: replicated)
+                          for name in self.slot_names},
+        },
     }
     self.abstract_state = jax.tree.map(
         lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
@@ -134,10 +142,11 @@ class Runtime:
                                      self.slot_names)
     return {
         "step": jnp.zeros((), jnp.int32),
-        "outer_params": bank,
-        "outer_opt_state": self.outer_tx.init(bank),
-        "inner_params": inner,
-        "inner_opt_state": jax.vmap(self.inner_tx.init)(inner),
+        "inner": {"params": inner,
+                  "opt_state": jax.vmap(self.inner_tx.init)(inner)},
+        "outer": {"params": bank,
+                  "opt_state": outer_lib.init_outer_opt_state(
+                      self.outer_tx, bank)},
     }
 
   def _jit_init(self):
@@ -168,11 +177,10 @@ class Runtime:
     def step(state, batch_WxBxLp1):
       params, opt_state, metrics = jax.vmap(
           self._worker_step, spmd_axis_name=self._workers_spec[0])(
-              state["inner_params"], state["inner_opt_state"],
+              state["inner"]["params"], state["inner"]["opt_state"],
               batch_WxBxLp1)
-      state = dict(state, inner_params=params, inner_opt_state=opt_state,
-                   step=state["step"] + 1)
-      return state, metrics
+      inner = dict(state["inner"], params=params, opt_state=opt_state)
+      return dict(state, inner=inner, step=state["step"] + 1), metrics
 
     metric_sharding = jax.sharding.NamedSharding(self.mesh,
                                                  self._workers_spec)
@@ -182,19 +190,23 @@ class Runtime:
                      donate_argnums=0)
     return self._in_context(jitted)
 
-  def _outer_fn(self, state):
-    d = self.config.diloco
-    bank, opt_state, inner = outer_lib.outer_update(
-        state["outer_params"], state["outer_opt_state"],
-        state["inner_params"], self.outer_tx,
+  def _outer_fn(self, state, weights_W):
+    inner = state["inner"]
+    outer, params, error_feedback = outer_lib.outer_update(
+        state["outer"], inner["params"], self.outer_tx,
         assignment_WxS=self.topology.assignment_WxS,
-        slot_names=self.slot_names, mixing=self.mixing, users=self.users,
-        rescale_by_sqrt_users=d.rescale_by_sqrt_users)
-    return dict(state, outer_params=bank, outer_opt_state=opt_state,
-                inner_params=inner)
+        slot_names=self.slot_names, weights_W=weights_W,
+        rescale_by_sqrt_users=self.config.diloco.rescale_by_sqrt_users,
+        error_feedback=inner.get("error_feedback"))
+    inner = dict(inner, params=params)
+    if error_feedback is not None:
+      inner["error_feedback"] = error_feedback
+    return dict(state, inner=inner, outer=outer)
 
   def _jit_outer_step(self):
-    jitted = jax.jit(self._outer_fn, in_shardings=(self.state_shardings,),
+    replicated = mesh_lib.replicated(self.mesh)
+    jitted = jax.jit(self._outer_fn,
+                     in_shardings=(self.state_shardings, replicated),
                      out_shardings=self.state_shardings, donate_argnums=0)
     return self._in_context(jitted)
 

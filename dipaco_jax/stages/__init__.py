@@ -1,0 +1,1 @@
+"""The parts of the main job's stages; `dipaco_jax.pipeline` runs them."""

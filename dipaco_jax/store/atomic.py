@@ -1,0 +1,90 @@
+"""Files that are whole or absent: atomic writes and commit markers.
+
+Two rules keep a killed process from leaving something a reader would take
+for real:
+
+* A small file (JSON, npz, a manifest) is written with `write_bytes` /
+  `write_text` / `write_npz`: to a temporary name beside it, then renamed
+  over the final name. A local rename is atomic. On `gs://` a rename is a copy
+  and a delete, but a single object upload is already all-or-nothing, so the
+  object is written under its final name directly.
+* A directory of many files (an orbax item) is valid only once its commit
+  marker exists, and the marker is written last (`commit`). Readers check
+  `is_committed` and never read an uncommitted directory; renaming a
+  directory is not atomic on GCS, so there is nothing to rename.
+"""
+
+import io
+import json
+import os
+
+from etils import epath
+import numpy as np
+
+COMMIT_MARKER = "COMMITTED.json"
+
+
+def _is_object_store(path: epath.Path) -> bool:
+  return str(path).startswith(("gs://", "s3://"))
+
+
+def _temporary(path: epath.Path) -> epath.Path:
+  return path.parent / f".{path.name}.tmp-{os.getpid()}"
+
+
+def write_bytes(path, data: bytes) -> None:
+  """Writes `data` at `path` so that a reader sees all of it or none."""
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  if _is_object_store(path):
+    path.write_bytes(data)
+    return
+  tmp = _temporary(path)
+  tmp.write_bytes(data)
+  tmp.replace(path)
+
+
+def write_text(path, text: str) -> None:
+  write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path, obj, indent: int | None = 1) -> None:
+  write_text(path, json.dumps(obj, indent=indent, sort_keys=True))
+
+
+def write_npz(path, **arrays: np.ndarray) -> None:
+  """`np.savez` of `arrays`, written atomically.
+
+  Locally it streams into the temporary file (token shards can be large);
+  for an object store it is built in memory first, since a `savez` failing
+  half-way into an open object would still upload what it had written.
+  """
+  path = epath.Path(path)
+  if _is_object_store(path):
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_bytes(path, buffer.getvalue())
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = _temporary(path)
+  with tmp.open("wb") as f:
+    np.savez(f, **arrays)
+  tmp.replace(path)
+
+
+def commit(directory, meta: dict) -> None:
+  """Marks `directory` complete; call only after everything in it is
+  written (and, for orbax, finalized)."""
+  write_json(epath.Path(directory) / COMMIT_MARKER, meta)
+
+
+def is_committed(directory) -> bool:
+  return (epath.Path(directory) / COMMIT_MARKER).exists()
+
+
+def read_commit(directory) -> dict | None:
+  """The commit marker's metadata, or None when not committed."""
+  marker = epath.Path(directory) / COMMIT_MARKER
+  if not marker.exists():
+    return None
+  return json.loads(marker.read_text())

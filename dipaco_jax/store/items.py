@@ -1,0 +1,295 @@
+"""Per-module and per-worker checkpoints: orbax items behind commit markers.
+
+Jobs exchange one module (slot s, expert e) at a time through a store, a
+directory that is local or on `gs://`:
+
+  ROOT/modules/{slot}/{expert:05d}/v{version:06d}/   one module at a version
+  ROOT/inner/{worker:05d}/s{step:08d}/               one worker's inner state
+
+Each such key directory holds
+
+  item/            an orbax PyTree checkpoint of the tree
+  COMMITTED.json   the commit marker (`atomic.commit`), written last:
+                   {"meta": what the caller passed, "leaves": {keypath: shape}}
+
+Readers read only committed keys: loading an uncommitted one raises
+`NotCommittedError` and `committed_*` / `latest_*` skip it. Saving over an
+uncommitted leftover (a writer killed before its marker) removes it and
+writes afresh. A committed key is immutable: saving it again is a no-op that
+returns False (the first commit wins), so a job re-run after a crash cannot
+corrupt what readers may already hold.
+
+`save_tree` / `load_tree` are the generic pair the others are built on (the
+early-stopping snapshots use them directly). `module_of` / `put_module` and
+`worker_of` / `put_worker` cut one module or one worker out of the full
+training state and put it back, for the island and the SPMD runtimes alike.
+"""
+
+import re
+
+from absl import logging
+from etils import epath
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from dipaco_jax.parallel import multihost
+from dipaco_jax.store import atomic
+
+ITEM = "item"
+
+
+class NotCommittedError(FileNotFoundError):
+  """A key directory without a commit marker (missing or half-written)."""
+
+
+def _checkpointer(collective: bool) -> ocp.Checkpointer:
+  """A synchronous orbax checkpointer: `save` returns once the item is
+  finalized, so the commit marker can follow at once. Unless `collective`,
+  only this process takes part (no barriers), which lets one process write
+  host arrays while the others do something else."""
+  if collective:
+    options = ocp.options.MultiprocessingOptions()
+  else:
+    me = jax.process_index()
+    options = ocp.options.MultiprocessingOptions(
+        primary_host=me, active_processes={me},
+        barrier_sync_key_prefix=f"store_p{me}")
+  return ocp.Checkpointer(
+      ocp.PyTreeCheckpointHandler(multiprocessing_options=options),
+      multiprocessing_options=options)
+
+
+def _shapes(tree) -> dict[str, list[int]]:
+  return {jax.tree_util.keystr(k): [int(d) for d in np.shape(x)]
+          for k, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _check_like(directory, like, saved: dict) -> None:
+  """Names every leaf that differs from the saved tree, before orbax runs."""
+  want = _shapes(like)
+  problems = [f"{k}: missing from the checkpoint" for k in want
+              if k not in saved]
+  problems += [f"{k}: in the checkpoint but not in the target" for k in saved
+               if k not in want]
+  problems += [f"{k}: saved shape {saved[k]}, target {want[k]}"
+               for k in want if k in saved and saved[k] != want[k]]
+  if problems:
+    raise ValueError(f"{directory} does not match the restore target:\n  "
+                     + "\n  ".join(problems[:10]))
+
+
+def _restore_arg(leaf):
+  """Placed like the target: a leaf with a sharding (a jax.Array, or a
+  ShapeDtypeStruct given one) comes back as a jax.Array with that sharding;
+  anything else as a host numpy array. Never the writer's own sharding: the
+  writer may be another job on other devices."""
+  sharding = getattr(leaf, "sharding", None)
+  if sharding is not None:
+    return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=leaf.shape,
+                                dtype=leaf.dtype)
+  dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+  return ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype)
+
+
+def save_tree(directory, tree, meta: dict | None = None, *,
+              collective: bool = False) -> bool:
+  """Saves `tree` as the orbax item of `directory`, then commits it.
+
+  Args:
+    directory: the key directory (local or gs://).
+    tree: a pytree of arrays. Unless `collective`, every array must be
+      addressable by this process (host arrays, or jax arrays on its devices).
+    meta: JSON-serializable metadata kept in the commit marker.
+    collective: every process calls this (orbax's usual multi-process save of
+      globally sharded arrays); process 0 writes the marker.
+
+  Returns:
+    True if written, False if `directory` was already committed (unchanged).
+  """
+  directory = epath.Path(directory)
+  if atomic.is_committed(directory):
+    logging.info("%s is already committed; not saving it again.", directory)
+    return False
+  if not collective:
+    bad = [jax.tree_util.keystr(k) for k, x in
+           jax.tree_util.tree_leaves_with_path(tree)
+           if isinstance(x, jax.Array) and not x.is_fully_addressable]
+    if bad:
+      raise ValueError(f"Leaves {bad[:5]} span other processes: gather them "
+                       "to the host first or pass collective=True.")
+  writes = not collective or multihost.is_writer()
+  if writes and directory.exists():
+    logging.warning("Removing %s: an uncommitted leftover of an earlier "
+                    "writer.", directory)
+    directory.rmtree()
+  if collective:
+    multihost.barrier(f"store_clean:{directory}")
+  with _checkpointer(collective) as checkpointer:
+    checkpointer.save(directory / ITEM, args=ocp.args.PyTreeSave(tree))
+  if writes:
+    atomic.commit(directory, {"meta": meta or {}, "leaves": _shapes(tree)})
+  if collective:
+    # No process returns before the marker exists.
+    multihost.barrier(f"store_commit:{directory}")
+  return True
+
+
+def _marker(directory) -> dict:
+  marker = atomic.read_commit(directory)
+  if marker is None:
+    raise NotCommittedError(
+        f"{directory} is not committed (no {atomic.COMMIT_MARKER}): its "
+        "writer has not finished or was killed; it is never read.")
+  return marker
+
+
+def read_meta(directory) -> dict:
+  """The caller's metadata of a committed key directory."""
+  return _marker(directory)["meta"]
+
+
+def load_tree(directory, like):
+  """Restores the committed item of `directory` as `(tree, meta)`.
+
+  Args:
+    directory: a key directory written by `save_tree`.
+    like: the target tree (same structure and shapes as saved); leaves are
+      arrays or `jax.ShapeDtypeStruct`s. Leaves with a sharding come back as
+      jax arrays placed on it, the others as numpy arrays; dtypes are cast to
+      the target's.
+
+  Returns:
+    The tree, shaped like `like`, and the metadata passed to `save_tree`.
+  """
+  directory = epath.Path(directory)
+  marker = _marker(directory)
+  _check_like(directory, like, marker["leaves"])
+  with _checkpointer(collective=False) as checkpointer:
+    tree = checkpointer.restore(directory / ITEM, args=ocp.args.PyTreeRestore(
+        item=like, restore_args=jax.tree.map(_restore_arg, like)))
+  return tree, marker["meta"]
+
+
+def _committed_keys(parent: epath.Path, prefix: str) -> list[int]:
+  """The numbers n of the committed `{prefix}{n}` directories, ascending."""
+  if not parent.exists():
+    return []
+  pattern = re.compile(rf"{prefix}(\d+)")
+  keys = [int(m.group(1)) for d in parent.iterdir()
+          if (m := pattern.fullmatch(d.name)) and atomic.is_committed(d)]
+  return sorted(keys)
+
+
+# Modules.
+
+
+def module_dir(root, slot: str, expert: int, version: int) -> epath.Path:
+  return (epath.Path(root) / "modules" / slot / f"{expert:05d}"
+          / f"v{version:06d}")
+
+
+def save_module(root, slot: str, expert: int, version: int, params, opt_state,
+                meta: dict | None = None, *, collective: bool = False) -> bool:
+  """Saves module (slot, expert) at `version`; see `save_tree`."""
+  return save_tree(module_dir(root, slot, expert, version),
+                   {"params": params, "opt_state": opt_state}, meta,
+                   collective=collective)
+
+
+def load_module(root, slot: str, expert: int, version: int, abstract_params,
+                abstract_opt_state):
+  """`(params, opt_state, meta)` of a committed module version."""
+  tree, meta = load_tree(module_dir(root, slot, expert, version),
+                         {"params": abstract_params,
+                          "opt_state": abstract_opt_state})
+  return tree["params"], tree["opt_state"], meta
+
+
+def committed_versions(root, slot: str, expert: int) -> list[int]:
+  return _committed_keys(
+      epath.Path(root) / "modules" / slot / f"{expert:05d}", "v")
+
+
+def latest_version(root, slot: str, expert: int) -> int | None:
+  versions = committed_versions(root, slot, expert)
+  return versions[-1] if versions else None
+
+
+# Inner (per-worker) states.
+
+
+def inner_dir(root, worker: int, step: int) -> epath.Path:
+  return epath.Path(root) / "inner" / f"{worker:05d}" / f"s{step:08d}"
+
+
+def save_inner(root, worker: int, step: int, inner_tree,
+               meta: dict | None = None, *, collective: bool = False) -> bool:
+  """Saves worker `worker`'s inner state at `step`; see `save_tree`."""
+  return save_tree(inner_dir(root, worker, step), inner_tree, meta,
+                   collective=collective)
+
+
+def load_inner(root, worker: int, step: int, abstract_inner):
+  """`(inner_tree, meta)` of a committed worker state."""
+  return load_tree(inner_dir(root, worker, step), abstract_inner)
+
+
+def committed_inner_steps(root, worker: int) -> list[int]:
+  return _committed_keys(epath.Path(root) / "inner" / f"{worker:05d}", "s")
+
+
+def latest_inner_step(root, worker: int) -> int | None:
+  steps = committed_inner_steps(root, worker)
+  return steps[-1] if steps else None
+
+
+# Slicing the full state.
+
+
+def _set_row(x, i: int, value):
+  """`x` with row `i` replaced; jax arrays stay jax arrays (functional)."""
+  if isinstance(x, jax.Array):
+    return x.at[i].set(value)
+  x = np.array(x)
+  x[i] = value
+  return x
+
+
+def module_of(outer_state, slot: str, expert: int) -> dict:
+  """Module (slot, expert) of `state["outer"]`: {"params", "opt_state"}.
+
+  The params are row `expert` of the slot's bank. In the slot's outer
+  optimizer state, leaves with a leading K_s axis are sliced the same way;
+  scalar leaves (e.g. an Adam count) are shared by the slot's experts and
+  kept whole.
+  """
+  def take(x):
+    return x if np.ndim(x) == 0 else x[expert]
+  return {"params": jax.tree.map(lambda x: x[expert],
+                                 outer_state["params"][slot]),
+          "opt_state": jax.tree.map(take, outer_state["opt_state"][slot])}
+
+
+def put_module(outer_state, slot: str, expert: int, module) -> dict:
+  """`outer_state` with module (slot, expert) replaced by `module`
+  (as from `module_of`); a scalar leaf takes the module's value."""
+  def put(x, value):
+    return value if np.ndim(x) == 0 else _set_row(x, expert, value)
+  params = dict(outer_state["params"])
+  opt_state = dict(outer_state["opt_state"])
+  params[slot] = jax.tree.map(put, params[slot], module["params"])
+  opt_state[slot] = jax.tree.map(put, opt_state[slot], module["opt_state"])
+  return {**outer_state, "params": params, "opt_state": opt_state}
+
+
+def worker_of(inner_state, worker: int):
+  """Worker `worker`'s slice (row `worker` of every leaf) of
+  `state["inner"]`."""
+  return jax.tree.map(lambda x: x[worker], inner_state)
+
+
+def put_worker(inner_state, worker: int, worker_tree):
+  """`inner_state` with worker `worker`'s row replaced by `worker_tree`."""
+  return jax.tree.map(lambda x, v: _set_row(x, worker, v), inner_state,
+                      worker_tree)

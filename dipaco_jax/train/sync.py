@@ -1,0 +1,89 @@
+"""The sync seam: how the training loop gets its outer steps.
+
+Every H inner steps the loop ends round r (0-based: round r ends at inner
+step (r + 1) H) and asks its synchronizer for the outer step:
+
+  state = sync.start(r, state)    hand over round r's contribution
+  state = sync.finish(r, state)   apply what came back for round r
+
+`finish(r)` is called `delay` rounds after `start(r)`: right away for
+`delay = 0`, at the end of round r + 1 for DiLoCoX's one-round-late update.
+Rounds still open when training ends are finished in order by the loop
+(`finish_remaining`). Implementations:
+
+  InProcessSync   every worker in this SPMD program: the jitted chain of
+                  `diloco.outer` runs inside `finish` (today's runtime).
+  (later)         through a store between islands; one round late.
+
+The worker weights of the outer step are the synchronizer's, not the
+runtime's: `set_weights` changes them between rounds (0 for a worker whose
+contribution is missing) without recompiling the step.
+"""
+
+from typing import Protocol
+
+import jax
+import numpy as np
+
+from dipaco_jax.diloco import outer as outer_lib
+
+
+class Synchronizer(Protocol):
+  """What the training loop needs from an outer-step implementation."""
+
+  delay: int  # Rounds between `start(r)` and `finish(r)`.
+
+  def start(self, round_index: int, state: dict) -> dict:
+    """Hands over round `round_index`'s contribution; returns the state
+    (unchanged, or with e.g. error-feedback buffers updated)."""
+
+  def finish(self, round_index: int, state: dict) -> dict:
+    """Applies round `round_index`'s outer step to `state`."""
+
+
+class InProcessSync:
+  """The outer step of an SPMD program: all workers' contributions are in
+  `state`, so `start` has nothing to send and `finish` runs the whole jitted
+  chain (contributions, mixing, outer optimizer, restart) at once."""
+
+  delay = 0
+
+  def __init__(self, runtime):
+    self.runtime = runtime
+    self.set_weights(runtime.outer_weights_W)
+    self._started = set()
+
+  def set_weights(self, weights_W) -> None:
+    """The workers' weights for the next outer steps (0 = left out)."""
+    weights_W = outer_lib.check_weights(weights_W)
+    if weights_W.shape != (self.runtime.topology.num_workers,):
+      raise ValueError(f"{weights_W.shape[0]} weights for "
+                       f"{self.runtime.topology.num_workers} workers")
+    # A device array of a fixed shape and dtype: new values, same program.
+    # (From a callback: in a multi-host run each process fills only its own
+    # devices.)
+    host_W = weights_W.astype(np.float32)
+    self._weights_W = jax.make_array_from_callback(
+        host_W.shape, jax.sharding.NamedSharding(
+            self.runtime.mesh, jax.sharding.PartitionSpec()),
+        lambda index: host_W[index])
+    self.weights_W = weights_W
+
+  def start(self, round_index: int, state: dict) -> dict:
+    self._started.add(round_index)
+    return state
+
+  def finish(self, round_index: int, state: dict) -> dict:
+    if round_index not in self._started:
+      raise RuntimeError(f"finish({round_index}) before start")
+    self._started.discard(round_index)
+    return self.runtime.outer_step(state, self._weights_W)
+
+
+def finish_remaining(sync: Synchronizer, last_round: int, state: dict
+                     ) -> dict:
+  """Finishes the rounds a delayed synchronizer still holds at the end of
+  training (the last `delay` rounds, up to `last_round`), in order."""
+  for r in range(max(last_round - sync.delay + 1, 0), last_round + 1):
+    state = sync.finish(r, state)
+  return state

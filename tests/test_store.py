@@ -1,0 +1,257 @@
+"""Per-module / per-worker orbax items, commit markers, early stopping."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dipaco_jax.eval import early_stopping
+from dipaco_jax.eval import routed
+from dipaco_jax.store import atomic
+from dipaco_jax.store import items
+
+K, W = 3, 4
+
+
+def _outer_state():
+  """A two-slot bank with an Adam outer state that has taken one step."""
+  key = jax.random.PRNGKey(0)
+  bank = {"embed": {"table": jax.random.normal(key, (K, 5, 2))},
+          "layers_00_01": {"w": jax.random.normal(key, (K, 2, 3)),
+                           "b": jnp.arange(K * 3.0).reshape(K, 3)}}
+  tx = optax.adam(0.1)
+  opt_state = {}
+  for slot, params in bank.items():
+    state = tx.init(params)
+    _, opt_state[slot] = tx.update(jax.tree.map(jnp.ones_like, params),
+                                   state, params)
+  return {"params": bank, "opt_state": opt_state}
+
+
+def _inner_state():
+  params = {"embed": {"table": jnp.arange(W * 10.0).reshape(W, 5, 2)}}
+  opt_state = jax.vmap(optax.adamw(1e-3).init)(params)
+  return {"params": params, "opt_state": opt_state}
+
+
+def _abstract(tree, sharding=None):
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding),
+      tree)
+
+
+def _assert_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert np.shape(x) == np.shape(y)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_module_round_trip_to_host_and_device(tmp_path):
+  module = items.module_of(_outer_state(), "layers_00_01", 1)
+  count = module["opt_state"][0].count
+  assert np.ndim(count) == 0 and int(count) == 1  # Kept whole, not sliced.
+  assert items.save_module(tmp_path, "layers_00_01", 1, 7, module["params"],
+                           module["opt_state"], {"round": 7})
+  params, opt_state, meta = items.load_module(
+      tmp_path, "layers_00_01", 1, 7, _abstract(module["params"]),
+      _abstract(module["opt_state"]))
+  assert meta == {"round": 7}
+  _assert_equal((params, opt_state), (module["params"], module["opt_state"]))
+  assert all(isinstance(x, np.ndarray)
+             for x in jax.tree.leaves((params, opt_state)))
+
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[3])
+  params, opt_state, _ = items.load_module(
+      tmp_path, "layers_00_01", 1, 7, _abstract(module["params"], device),
+      _abstract(module["opt_state"], device))
+  _assert_equal((params, opt_state), (module["params"], module["opt_state"]))
+  assert all(isinstance(x, jax.Array) and x.sharding == device
+             for x in jax.tree.leaves((params, opt_state)))
+  assert items.committed_versions(tmp_path, "layers_00_01", 1) == [7]
+  assert items.latest_version(tmp_path, "layers_00_01", 0) is None
+
+
+def test_load_with_wrong_target_names_the_leaf(tmp_path):
+  items.save_tree(tmp_path / "t", {"a": np.zeros((2, 3)), "b": np.ones(4)})
+  with pytest.raises(ValueError, match=r"\['a'\]: saved shape \[2, 3\]"):
+    items.load_tree(tmp_path / "t", {"a": np.zeros((3, 2)), "b": np.ones(4)})
+
+
+def test_module_of_and_put_module_round_trip():
+  outer = _outer_state()
+  same = items.put_module(outer, "embed", 2, items.module_of(outer, "embed",
+                                                             2))
+  _assert_equal(same, outer)
+
+  module = jax.tree.map(lambda x: x + 10, items.module_of(outer, "embed", 2))
+  new = items.put_module(outer, "embed", 2, module)
+  _assert_equal(items.module_of(new, "embed", 2), module)
+  for e in (0, 1):  # The other experts and slots are untouched.
+    got, want = (items.module_of(t, "embed", e) for t in (new, outer))
+    _assert_equal((got["params"], got["opt_state"][0].mu),
+                  (want["params"], want["opt_state"][0].mu))
+  _assert_equal(new["params"]["layers_00_01"],
+                outer["params"]["layers_00_01"])
+  assert int(new["opt_state"]["embed"][0].count) == 11
+
+  host = jax.device_get(outer)  # Numpy trees work the same way.
+  _assert_equal(items.put_module(host, "embed", 2, module), new)
+
+
+def test_worker_round_trip(tmp_path):
+  inner = _inner_state()
+  worker = items.worker_of(inner, 2)
+  assert worker["opt_state"][0].count.shape == ()
+  _assert_equal(items.put_worker(inner, 2, worker), inner)
+  changed = jax.tree.map(lambda x: x + 1, worker)
+  new = items.put_worker(inner, 2, changed)
+  _assert_equal(items.worker_of(new, 2), changed)
+  _assert_equal(items.worker_of(new, 1), items.worker_of(inner, 1))
+
+  for step in (8, 16):
+    assert items.save_inner(tmp_path, 2, step, worker, {"step": step})
+  loaded, meta = items.load_inner(tmp_path, 2, 16, _abstract(worker))
+  _assert_equal(loaded, worker)
+  assert meta == {"step": 16}
+  assert items.committed_inner_steps(tmp_path, 2) == [8, 16]
+  assert items.latest_inner_step(tmp_path, 2) == 16
+  assert items.latest_inner_step(tmp_path, 0) is None
+
+
+def test_committed_version_is_never_overwritten(tmp_path):
+  first = {"w": np.full((3,), 1.0, np.float32)}
+  assert items.save_module(tmp_path, "embed", 0, 1, first, {})
+  assert not items.save_module(tmp_path, "embed", 0, 1,
+                               {"w": np.full((3,), 9.0, np.float32)}, {})
+  params, _, _ = items.load_module(tmp_path, "embed", 0, 1, _abstract(first),
+                                   {})
+  _assert_equal(params, first)
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import sys
+    import time
+    import numpy as np
+    from dipaco_jax.store import atomic
+    from dipaco_jax.store import items
+
+    root, ready = sys.argv[1], sys.argv[2]
+
+    def pause_before_commit(directory, meta):
+      # The orbax item is written and finalized; stop before the marker.
+      open(ready, "w").close()
+      time.sleep(600)
+
+    atomic.commit = pause_before_commit
+    items.save_module(root, "embed", 0, 2,
+                      {"w": np.full((3,), 2.0, np.float32)},
+                      {"count": np.int32(5)}, {"round": 2})
+""")
+
+
+def test_writer_killed_before_its_commit_marker(tmp_path):
+  root, ready = tmp_path / "store", tmp_path / "ready"
+  params = {"w": np.full((3,), 1.0, np.float32)}
+  opt_state = {"count": np.int32(4)}
+  items.save_module(root, "embed", 0, 1, params, opt_state)
+  script = tmp_path / "writer.py"
+  script.write_text(_KILLED_WRITER)
+  log = (tmp_path / "writer.log").open("w")
+  proc = subprocess.Popen(
+      [sys.executable, str(script), str(root), str(ready)],
+      env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=log,
+      stderr=subprocess.STDOUT)
+  try:
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+      assert proc.poll() is None, (tmp_path / "writer.log").read_text()
+      assert time.monotonic() < deadline, "the writer never got to commit"
+      time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait(timeout=30)
+    log.close()
+
+  directory = items.module_dir(root, "embed", 0, 2)
+  assert any((directory / items.ITEM).iterdir())  # Orbax's files are there.
+  assert not atomic.is_committed(directory)
+  assert items.committed_versions(root, "embed", 0) == [1]
+  assert items.latest_version(root, "embed", 0) == 1
+  with pytest.raises(items.NotCommittedError, match=str(directory)):
+    items.load_module(root, "embed", 0, 2, _abstract(params),
+                      _abstract(opt_state))
+
+  again = {"w": np.full((3,), 3.0, np.float32)}
+  assert items.save_module(root, "embed", 0, 2, again, opt_state)
+  assert items.latest_version(root, "embed", 0) == 2
+  loaded, _, _ = items.load_module(root, "embed", 0, 2, _abstract(again),
+                                   _abstract(opt_state))
+  _assert_equal(loaded, again)
+
+
+def _stopper(directory, monkeypatch):
+  """EarlyStopping over 2 paths whose held-out loss is params["x"][0]."""
+  monkeypatch.setattr(routed, "make_layout", lambda docs, seq_len, prefix: (
+      types.SimpleNamespace(windows={"weights": np.ones(1)})))
+  monkeypatch.setattr(routed, "token_nll", lambda model, params, layout, b: (
+      np.asarray(params["x"][:1])))
+  runtime = types.SimpleNamespace(
+      model=None, path_params=lambda bank, p: {"x": bank["x"][p]})
+  return early_stopping.EarlyStopping(runtime, [None, None], directory,
+                                      seq_len=4, prefix_len=0, batch_size=1)
+
+
+def _state(x0, x1):
+  return {"outer": {"params": {"x": np.array([[x0, x0 + 0.5],
+                                              [x1, x1 + 0.5]], np.float32)}}}
+
+
+def test_early_stopping_keeps_the_committed_best(tmp_path, monkeypatch):
+  directory = tmp_path / "early_stopping"
+  stopper = _stopper(directory, monkeypatch)
+  like = {"x": np.zeros(2, np.float32)}
+  stopper(1, _state(5.0, 5.0))
+  stopper(2, _state(3.0, 6.0))  # Path 0 improves, path 1 does not.
+  stopper(3, _state(2.0, 7.0))  # Path 0 improves again.
+  assert stopper.best == {"0": {"loss": 2.0, "step": 3},
+                          "1": {"loss": 5.0, "step": 1}}
+  _assert_equal(stopper.best_params(0, like), {"x": np.array([2.0, 2.5])})
+  _assert_equal(stopper.best_params(1, like), {"x": np.array([5.0, 5.5])})
+  assert [d.name for d in (directory / "path_00000").iterdir()] == [
+      "s00000003"]  # The replaced bests are gone.
+
+  # Killed while writing a better snapshot: the old best stays the best.
+  def killed(directory, meta):
+    raise KeyboardInterrupt
+  with monkeypatch.context() as m:
+    m.setattr(atomic, "commit", killed)
+    with pytest.raises(KeyboardInterrupt):
+      stopper(4, _state(1.0, 8.0))
+  _assert_equal(stopper.best_params(0, like), {"x": np.array([2.0, 2.5])})
+  assert (directory / "path_00000" / "s00000004").exists()
+
+  # A resumed run drops the uncommitted leftover, and an entry whose
+  # snapshot lost its marker is forgotten rather than read.
+  (directory / "path_00001" / "s00000001" / atomic.COMMIT_MARKER).unlink()
+  resumed = _stopper(directory, monkeypatch)
+  assert resumed.best == {"0": {"loss": 2.0, "step": 3}}
+  assert not (directory / "path_00000" / "s00000004").exists()
+  _assert_equal(resumed.best_params(0, like), {"x": np.array([2.0, 2.5])})
+  with pytest.raises(KeyError, match="Path 1"):
+    resumed.best_params(1, like)
+  resumed(5, _state(4.0, 9.0))  # Path 1 starts afresh; path 0 is kept.
+  assert resumed.best["1"] == {"loss": 9.0, "step": 5}
+  _assert_equal(resumed.best_params(1, like), {"x": np.array([9.0, 9.5])})
