@@ -108,10 +108,10 @@ def test_kmeans_restarts_keep_best():
   key = jax.random.key(11)
   best = km.kmeans(key, x_NxD, 6, num_iters=20, num_restarts=4)
   # The restarts use split(key, 4); each single run is one of them.
+  centred_NxD = jnp.asarray(x_NxD) - x_NxD.mean(0, keepdims=True)
   singles = [
       float(km._lloyd(  # pylint: disable=protected-access
-          jnp.asarray(x_NxD) - x_NxD.mean(0),
-          km.kmeans_plus_plus_init(k, jnp.asarray(x_NxD) - x_NxD.mean(0), 6),
+          centred_NxD, km.kmeans_plus_plus_init(k, centred_NxD, 6),
           20).inertia) for k in jax.random.split(key, 4)
   ]
   np.testing.assert_allclose(float(best.inertia), min(singles), rtol=1e-5)

@@ -203,7 +203,7 @@ def _calibrate(logits_NxP, target_P, num_iters, step):
 
   def body(i, carry):
     bias_P, best_bias_P, best_err = carry
-    shares_P = _argmax_shares(logits_NxP + bias_P)
+    shares_P = _argmax_shares(logits_NxP + bias_P[None, :])
     err = error(shares_P)
     better = err < best_err
     best_bias_P = jnp.where(better, bias_P, best_bias_P)
@@ -218,7 +218,7 @@ def _calibrate(logits_NxP, target_P, num_iters, step):
   bias_P, best_bias_P, best_err = jax.lax.fori_loop(
       0, num_iters, body, (zero_P, zero_P, jnp.float32(jnp.inf)))
   # The last update has not been scored yet.
-  last_err = error(_argmax_shares(logits_NxP + bias_P))
+  last_err = error(_argmax_shares(logits_NxP + bias_P[None, :]))
   best_bias_P = jnp.where(last_err < best_err, bias_P, best_bias_P)
   # Only differences between biases matter; centre for readability.
   finite_P = jnp.where(needed_P, best_bias_P, 0.0)

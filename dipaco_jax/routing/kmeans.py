@@ -288,14 +288,16 @@ def path_to_level_ids(paths: jax.Array, ks: Sequence[int]) -> jax.Array:
   return jnp.stack(ids[::-1], axis=-1)
 
 
-def level_ids_to_path(ids_NxL: jax.Array, ks: Sequence[int]) -> jax.Array:
-  """Expert ids per level [..., L] -> path index [...], int32.
+def level_ids_to_path(ids_NxLv: jax.Array, ks: Sequence[int]) -> jax.Array:
+  """Expert ids per level [..., Lv] -> path index [...], int32.
 
   Row-major with level 0 most significant: np.ravel_multi_index(ids.T, ks).
   """
-  ids_NxL = jnp.asarray(ids_NxL, jnp.int32)
-  if ids_NxL.shape[-1] != len(ks):
+  ids_NxLv = jnp.asarray(ids_NxLv, jnp.int32)
+  if ids_NxLv.shape[-1] != len(ks):
     raise ValueError(
-        f"ids have {ids_NxL.shape[-1]} levels, ks has {len(ks)}.")
-  strides = np.cumprod([1] + list(ks[:0:-1]))[::-1]
-  return jnp.sum(ids_NxL * jnp.asarray(strides, jnp.int32), axis=-1)
+        f"ids have {ids_NxLv.shape[-1]} levels, ks has {len(ks)}.")
+  strides_Lv = jnp.asarray(np.cumprod([1] + list(ks[:0:-1]))[::-1],
+                           jnp.int32)
+  strides = strides_Lv.reshape((1,) * (ids_NxLv.ndim - 1) + (len(ks),))
+  return jnp.sum(ids_NxLv * strides, axis=-1)
