@@ -44,17 +44,15 @@ for name in $runs; do
           cp -r "$work/dipaco_2x2/$d" "$work/dipaco_4x4/$d"
         done
       fi
-      run dipaco_4x4 --config=experiments/dipaco_4x4.py
+      # With the larger dense models of issue 8 (2x and 4x one path's
+      # non-embedding parameters, and one path's size at DiPaCo's FLOPs).
+      run dipaco_4x4 --config=experiments/dipaco_4x4.py \
+        --config.eval.dense_scales=2,4 --config.eval.dense_same_flops=True
       cp "$work/dipaco_4x4/plots/"*.png "$out/" 2>/dev/null ;;
     dipaco_4x4_es_disc)
       # The paper's full recipe: per-path early stopping and one
-      # discriminative phase (250 more steps); same base as above.
-      if [[ -d "$work/dipaco_2x2/runs/base" ]]; then
-        for d in runs/base shards/base; do
-          mkdir -p "$work/dipaco_4x4_es_disc/$(dirname $d)"
-          cp -r "$work/dipaco_2x2/$d" "$work/dipaco_4x4_es_disc/$d"
-        done
-      fi
+      # discriminative phase (250 more steps). Its own base: the
+      # early-stopping documents are held out of the base's training too.
       run dipaco_4x4_es_disc --config=experiments/dipaco_4x4.py \
         --config.eval.early_stopping=True \
         --config.routing.discriminative_steps=250 ;;

@@ -6,9 +6,11 @@ WORKDIR is a DiPaCo run made with --config.eval.dump_reroute_data=True (it
 holds router/reroute_data_{router,validation}.npz: chunk features and every
 path's NLL on every chunk). Each variant (objective, router inputs, L2) is
 scored by 5-fold cross-validation over the router documents -- excess NLL
-per token of the chosen path over each chunk's best path -- and the variant
-with the lowest is the pick. Validation perplexity is reported for every
-variant too, but is not used to choose.
+per token of the chosen path over each chunk's best path, folds as in
+`routing/window_cv.py` -- and the variant with the lowest is the pick. The
+same cross-validation of keeping each document's path says what the
+pipeline would decide for each variant. Validation perplexity is reported
+for every variant too, but is not used to choose.
 """
 
 import itertools
@@ -20,8 +22,9 @@ import numpy as np
 
 from dipaco_jax.eval import routed
 from dipaco_jax.routing import router as router_lib
+from dipaco_jax.routing import window_cv
 
-_FOLDS = 5
+_FOLDS = window_cv.NUM_FOLDS
 _FEATURES = {"everything so far + previous chunk + prefix path":
              dict(context="both", prefix_path=True),
              "everything so far + prefix path":
@@ -45,8 +48,7 @@ def fit(inputs, nll, tokens, num_paths, objective, l2):
   return router
 
 
-def excess(router, inputs, nll):
-  chosen = router.top_k(inputs, 1)[:, 0]
+def excess(nll, chosen):
   return float((nll[np.arange(len(chosen)), chosen] - nll.min(1)).sum())
 
 
@@ -61,13 +63,13 @@ def main(workdir, out_path=None):
   rows = []
   for (name, kw), objective, l2 in itertools.product(
       _FEATURES.items(), ("expected_nll", "best_path"), (1e-4, 1e-2)):
-    inputs, nll, tokens, _, doc = routed.window_router_examples(
+    inputs, nll, tokens, prefix, doc = routed.window_router_examples(
         *router_data[:2], router_data[2], router_data[3], **kw)
-    fold = np.random.default_rng(0).permutation(doc.max() + 1)[doc] % _FOLDS
-    cv = sum(excess(fit(inputs[fold != k], nll[fold != k],
-                        tokens[fold != k], num_paths, objective, l2),
-                    inputs[fold == k], nll[fold == k])
-             for k in range(_FOLDS)) / tokens.sum()
+    chosen = window_cv.held_out_paths(
+        lambda train: fit(inputs[train], nll[train], tokens[train],
+                          num_paths, objective, l2), inputs, doc, _FOLDS)
+    cv = excess(nll, chosen) / tokens.sum()
+    keep = excess(nll, prefix) / tokens.sum()
     router = fit(inputs, nll, tokens, num_paths, objective, l2)
     v_inputs, v_nll, _, _, _ = routed.window_router_examples(
         *val_data[:2], val_nll, val_scored, **kw)
@@ -75,9 +77,13 @@ def main(workdir, out_path=None):
     total = chunk0 + v_nll[np.arange(len(chosen)), chosen].sum()
     rows.append({"inputs": name, "objective": objective, "l2": l2,
                  "cv_excess_nll_per_token": cv,
+                 "cv_excess_nll_per_token_document_path": keep,
+                 "cv_decision": (window_cv.REROUTE if cv < keep else
+                                 window_cv.KEEP_DOCUMENT_PATH),
                  "validation_perplexity": ppl(total)})
-    print(f"{name:52s} {objective:12s} l2={l2:g}  cv excess {cv:.4f}  "
-          f"validation {ppl(total):.3f}", flush=True)
+    print(f"{name:52s} {objective:12s} l2={l2:g}  cv excess {cv:.4f} "
+          f"(document path {keep:.4f})  validation {ppl(total):.3f}",
+          flush=True)
   pick = min(rows, key=lambda r: r["cv_excess_nll_per_token"])
   summary = {"workdir": str(workdir), "variants": rows, "pick": pick,
              "validation_routed_once": ppl(once),

@@ -106,7 +106,14 @@ def base_config() -> ml_collections.ConfigDict:
   # and per-path chunk NLLs, for bench/window_router_study.py.
   c.eval.dump_reroute_data = False
   c.eval.early_stopping = False  # Keep each path's best snapshot (paper 2.7)
-  c.eval.holdout_fraction = 0.05  # Share of each shard held out for it.
+  c.eval.holdout_fraction = 0.05  # Training docs (whole files) held out.
+  # DiPaCo only (stages/dense_scaling.py): also train dense models of these
+  # multiples of one path's non-embedding parameters ("2,4"; "" = none)
+  # from scratch, for the steps a path takes in all, base included.
+  c.eval.dense_scales = ""
+  # DiPaCo only: also continue the one-path-size dense model from the base
+  # for paths x path steps, so that it spends DiPaCo's training FLOPs.
+  c.eval.dense_same_flops = False
 
   # --- Inner optimizer: AdamW per worker ---------------------------------
   c.inner_opt = ml_collections.ConfigDict()
@@ -189,6 +196,34 @@ def parse_int_list(field: str, text: str) -> tuple[int, ...]:
     return tuple(int(s) for s in text.split(","))
   except ValueError:
     _fail(field, f"{text!r} is not a comma-separated list of integers.")
+
+
+def parse_scales(text: str) -> tuple[float, ...]:
+  """`eval.dense_scales`: '2,4' -> (2.0, 4.0); '' -> ()."""
+  if not text.strip():
+    return ()
+  try:
+    return tuple(float(s) for s in text.split(","))
+  except ValueError:
+    _fail("eval.dense_scales", f"{text!r} is not a comma-separated list of "
+          "numbers such as '2,4'.")
+
+
+def _validate_dense_scales(config) -> None:
+  """The larger dense baselines get more layers (stages/dense_scaling.py),
+  so every multiple must give a whole number of them."""
+  scales = parse_scales(config.eval.dense_scales)
+  if len(set(scales)) != len(scales):
+    _fail("eval.dense_scales", f"{config.eval.dense_scales!r} repeats a "
+          "multiple; list each once.")
+  layers = config.model.num_layers
+  for s in scales:
+    if not (math.isfinite(s) and s > 0 and
+            abs(s * layers - round(s * layers)) < 1e-6):
+      _fail("eval.dense_scales", f"{s:g} x model.num_layers={layers} is not "
+            "a positive whole number of layers; use multiples such as 2,4.")
+  if not isinstance(config.eval.dense_same_flops, bool):
+    _fail("eval.dense_same_flops", "must be True or False.")
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
@@ -279,6 +314,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _fail("eval.window_router_objective", "use expected_nll or best_path.")
   if not 0.0 <= config.eval.holdout_fraction < 0.5:
     _fail("eval.holdout_fraction", "must be in [0, 0.5).")
+  _validate_dense_scales(config)
+  if config.eval.early_stopping and multi_path and (
+      config.eval.holdout_fraction == 0):
+    _fail("eval.holdout_fraction", "per-path early stopping scores paths on "
+          "held-out documents: set it > 0 (e.g. 0.05), or turn "
+          "eval.early_stopping off.")
   if t.num_steps < 1 or t.batch_size < 1:
     _fail("train", "num_steps and batch_size must be positive.")
   mesh = resolve_mesh_shape(config, num_devices)

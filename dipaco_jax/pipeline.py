@@ -35,8 +35,10 @@ from dipaco_jax.eval import routed
 from dipaco_jax.model import bank as bank_lib
 from dipaco_jax.parallel import multihost
 from dipaco_jax.routing import router as router_lib
+from dipaco_jax.routing import window_cv
 from dipaco_jax.stages import assignment
 from dipaco_jax.stages import cache
+from dipaco_jax.stages import dense_scaling
 from dipaco_jax.stages import evaluation
 from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.stages import feature_source as feature_source_lib
@@ -65,6 +67,13 @@ def check_config(config) -> None:
     derived.append(("base", experiment_lib.base_config_of(config)))
   if paths_lib.topology_from_config(config).num_paths > 1:
     derived.append(("dense baseline", experiment_lib.dense_config_of(config)))
+    derived += [(s.name, s.config) for s in dense_scaling.specs(config)]
+  elif config.eval.dense_scales.strip() or config.eval.dense_same_flops:
+    field = ("dense_scales" if config.eval.dense_scales.strip()
+             else "dense_same_flops")
+    raise config_base.ConfigError(
+        f"config.eval.{field}: the extra dense baselines are DiPaCo's (more "
+        "than one path); leave eval.dense_scales and dense_same_flops off.")
     if config.routing.discriminative_steps > 0:
       derived.append(("discriminative phase", experiment_lib.derive_config(
           config, **{"train.num_steps": config.routing.discriminative_steps})))
@@ -145,16 +154,19 @@ def run_single_path(config, workdir) -> dict:
 
 
 def _train_paths(config, data, workdir, name, router, feats, path_ids,
-                 init_bank, init_from) -> experiment_lib.TrainedPaths:
-  """Top-k shards by `router`, optional early-stopping holdout, training."""
+                 init_bank, init_from, holdout=None
+                 ) -> experiment_lib.TrainedPaths:
+  """Top-k shards by `router`, training, and per-path early stopping on
+  `holdout` = (document ids, their features), routed by the same router."""
   topology = paths_lib.topology_from_config(config)
   shard_ids = assignment.path_shards(
       router, feats, path_ids, config.routing.train_top_k,
       topology.num_paths, config.routing.min_shard_fraction)
   held = None
   if config.eval.early_stopping:
-    shard_ids, held = assignment.holdout(
-        shard_ids, config.eval.holdout_fraction, config.seed)
+    held = assignment.holdout_per_path(
+        router, holdout[1], holdout[0], topology.num_paths,
+        config.routing.min_shard_fraction)
   empty = [p for p, ids in enumerate(shard_ids) if len(ids) == 0]
   if empty:
     raise ValueError(f"Paths {empty} got no training documents; use fewer "
@@ -167,6 +179,10 @@ def _train_paths(config, data, workdir, name, router, feats, path_ids,
                                   manifest)
   stopper, callbacks = None, ()
   if held is not None:
+    if multihost.is_writer():  # Which documents each path stops on.
+      atomic.write_json(shard_dir / "holdout.json", {
+          "documents": holdout[0].tolist(),
+          "per_path": [ids.tolist() for ids in held]}, indent=None)
     stopper = early_stopping_lib.EarlyStopping(
         exp.runtime, [data.docs["train"].subset(h) for h in held],
         exp.run_dir / "early_stopping", config.data.seq_len,
@@ -184,8 +200,15 @@ def run_dipaco(config, workdir) -> dict:
   topology = paths_lib.topology_from_config(config)
   num_paths, ks = topology.num_paths, topology.level_sizes
   train_docs = data.docs["train"]
-  path_ids, router_ids = assignment.split_router_docs(
-      len(train_docs), config.routing.router_fraction, config.seed)
+  # Router and early-stopping documents are held out by file, before any
+  # path assignment; nothing below trains on them.
+  split = assignment.split_documents(
+      data.units["train"], config.routing.router_fraction,
+      config.eval.holdout_fraction if config.eval.early_stopping else 0.0,
+      config.seed)
+  path_ids, router_ids = split.train_ids, split.router_ids
+  if multihost.is_writer():
+    atomic.write_json(workdir / "splits.json", split.to_json(), indent=None)
 
   # Base model, then routing features of every document's prefix (on the
   # shared initial embedding when there is no base).
@@ -198,13 +221,18 @@ def run_dipaco(config, workdir) -> dict:
   # depend on (the base run's hashes, the documents, the routing config).
   feats_key = cache.key(data.hashes, source.cache_key(config), config.seed,
                         config.routing.features, config.data.prefix_len,
-                        path_ids, router_ids)
+                        path_ids, router_ids, split.holdout_ids)
+
+  def compute_features():
+    docs = {"paths": train_docs.subset(path_ids),
+            "router": train_docs.subset(router_ids),
+            "holdout": train_docs.subset(split.holdout_ids),
+            "validation": data.docs["validation"]}
+    return {name: feature_source_lib.features(config, d, source)
+            for name, d in docs.items() if len(d)}
   feats = cache.cached_arrays(
-      workdir / "router" / f"features_{feats_key}.npz",
-      lambda: {name: feature_source_lib.features(config, docs, source)
-               for name, docs in (("paths", train_docs.subset(path_ids)),
-                                  ("router", train_docs.subset(router_ids)),
-                                  ("validation", data.docs["validation"]))})
+      workdir / "router" / f"features_{feats_key}.npz", compute_features)
+  holdout = (split.holdout_ids, feats.get("holdout"))
   def fit_generative():
     router = router_lib.fit_generative(config.seed, feats["paths"], ks,
                                        config.routing.method,
@@ -220,7 +248,7 @@ def run_dipaco(config, workdir) -> dict:
 
   trained = _train_paths(
       config, data, workdir, "dipaco", router, feats["paths"], path_ids,
-      _init_bank(base_exp, base_params, topology), base_exp)
+      _init_bank(base_exp, base_params, topology), base_exp, holdout)
   phases = [trained]
 
   disc_info = None
@@ -236,7 +264,7 @@ def run_dipaco(config, workdir) -> dict:
         disc_cfg, data, workdir, "dipaco_discriminative", router,
         feats["paths"], path_ids, jax.device_get(
             trained.experiment.eval_bank(trained.result.state)),
-        trained.experiment)
+        trained.experiment, holdout)
     phases.append(trained)
 
   # Dense baseline: the same base, the same steps and batch as one path.
@@ -246,9 +274,12 @@ def run_dipaco(config, workdir) -> dict:
                                                        "router": "none"})
   dense_exp = experiment_lib.Experiment(dense_cfg, data, workdir, "dense",
                                         shard_dir, manifest)
+  dense_init = _init_bank(base_exp, base_params, dense_exp.topology)
   dense = experiment_lib.TrainedRun(dense_exp, dense_exp.train(
-      _init_bank(base_exp, base_params, dense_exp.topology),
-      init_from=base_exp))
+      dense_init, init_from=base_exp))
+  # Optional larger / same-FLOPs dense models (config.eval.dense_*).
+  extra = dense_scaling.train(config, data, workdir, dense, dense_init,
+                              base_exp)
 
   window_router, window_info = None, None
   if config.eval.reroute_every > 0 and config.eval.learned_reroute:
@@ -258,6 +289,7 @@ def run_dipaco(config, workdir) -> dict:
             config.eval.reroute_every, config.eval.window_router_objective,
             config.eval.early_stopping, config.eval.holdout_fraction,
             "inputs: both contexts",
+            f"cv decision at {window_cv.MARGIN_STANDARD_ERRORS} SE",
             # A dump run refits, so that the router data gets written.
             config.eval.dump_reroute_data)),
         functools.partial(router_fit.fit_window_router, config, data,
@@ -267,6 +299,9 @@ def run_dipaco(config, workdir) -> dict:
   results = evaluation.evaluate_dipaco(config, data, trained, router,
                                        feats["validation"], source,
                                        window_router, dense)
+  results["models"].update(dense_scaling.score(config, data, extra))
+  results["compute"] = dense_scaling.compute(config, data, results["models"],
+                                             trained, extra)
   results.update({
       "kind": "dipaco",
       "prefix_len": config.data.prefix_len,
@@ -275,13 +310,16 @@ def run_dipaco(config, workdir) -> dict:
                  "router_documents": int(len(router_ids)),
                  "discriminative": disc_info,
                  "window_router": window_info},
-      "runs": [report_lib.train_summary(t) for t in phases + [dense]],
+      "runs": [report_lib.train_summary(t)
+               for t in phases + [dense] + extra],
       "data": report_lib.data_summary(data),
       "wall_seconds": time.time() - t0,
   })
   results["communication"] = {"bytes_outer_sync": sum(
       t.experiment.bytes_communicated() for t in phases)}
   runs = (["base"] if base_exp else []) + [
-      t.experiment.name for t in phases] + ["dense"]
-  report_lib.write_results(workdir, results, runs)
+      t.experiment.name for t in phases] + ["dense"] + [
+          r.experiment.name for r in extra]
+  report_lib.write_results(workdir, results, runs, from_scratch=[
+      r.experiment.name for r in extra if r.spec.role == "scaled"])
   return results

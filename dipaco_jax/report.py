@@ -51,8 +51,42 @@ def final_table(results: dict) -> str:
           f"{p['train_documents']:,}", f"{p['train_tokens']:,}",
           p["validation_documents"], ppl(p["validation"]),
           ppl(p["validation_dense"])] for p in results["paths"]]))
+  scaling = scaling_rows(results)
+  if scaling:
+    out.append(_table(
+        ["model (training compute)", "non-embedding params", "steps",
+         "training FLOPs", "val ppl"],
+        [[short, f"{c['non_embedding_params']:,}", f"{c['steps']:,}",
+          f"{c['train_flops']:.3g}", f"{m['perplexity']:.2f}"]
+         for short, c, m in scaling]))
   out.append(f"wall time {results['wall_seconds']:.0f} s")
   return "\n".join(out)
+
+
+def _short_name(name: str, compute: dict) -> str | None:
+  """The scaling plot's label of a model row, or None to leave it out: the
+  oracles and the feature re-routers are not models one could train."""
+  role = compute["role"]
+  if role == "dipaco":
+    if name == "dipaco routed once per document":
+      return "DiPaCo, routed once"
+    if "learned window router" in name:
+      return "DiPaCo, learned re-router"
+    return None
+  return {"dense baseline": "dense 1x, baseline",
+          "dense same_flops": "dense 1x, DiPaCo's FLOPs",
+          }.get(role, f"dense {compute['scale']:g}x, from scratch")
+
+
+def scaling_rows(results) -> list[tuple[str, dict, dict]]:
+  """(label, results["compute"] entry, results["models"] entry) of every
+  model the scaling plot shows."""
+  rows = []
+  for name, c in results.get("compute", {}).items():
+    short = _short_name(name, c)
+    if short is not None and name in results["models"]:
+      rows.append((short, c, results["models"][name]))
+  return rows
 
 
 def _plt():
@@ -71,8 +105,10 @@ def _save(fig, workdir, filename) -> str:
   return str(out / filename)
 
 
-def plot_losses(workdir, run_names, filename="loss.png") -> str | None:
-  """Training loss (mean over workers) of each run against its steps."""
+def plot_losses(workdir, run_names, filename="loss.png",
+                from_scratch=()) -> str | None:
+  """Training loss (mean over workers) of each run against its steps; runs
+  in `from_scratch` start at step 0 like the base."""
   plt = _plt()
   workdir = epath.Path(workdir)
   fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -83,7 +119,7 @@ def plot_losses(workdir, run_names, filename="loss.png") -> str | None:
                                   / "metrics.jsonl")
     if rows:
       # Forked runs continue from the base: draw them after it.
-      shift = offset if name != "base" else 0
+      shift = offset if name != "base" and name not in from_scratch else 0
       ax.plot([r["step"] + shift for r in rows], [r["loss"] for r in rows],
               label=name)
       if name == "base":
@@ -122,6 +158,41 @@ def plot_paths(workdir, results, filename="paths.png") -> str:
   return _save(fig, workdir, filename)
 
 
+def _count(n: float) -> str:
+  for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+    if n >= div:
+      return f"{n / div:.3g}{unit}"
+  return f"{n:.0f}"
+
+
+def plot_scaling(workdir, results, filename="scaling.png") -> str:
+  """Validation perplexity of DiPaCo and every dense model against training
+  FLOPs (all runs, base included) and against the steps one model (or one
+  path) took, base included."""
+  plt = _plt()
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+  for i, (short, c, m) in enumerate(scaling_rows(results)):
+    dipaco = c["role"] == "dipaco"
+    for ax, key in zip(axes, ("train_flops", "steps")):
+      ax.scatter(c[key], m["perplexity"], s=120 if dipaco else 60,
+                 marker="*" if dipaco else "o", color=f"C{i}", zorder=3,
+                 label=(f"{short} ({_count(c['non_embedding_params'])} "
+                        "non-embedding params)"))
+  axes[0].set_xscale("log")
+  axes[0].set_xlabel("training FLOPs (6 x matmul params x tokens, all runs, "
+                     "base included)")
+  axes[1].set_xlabel("training steps of one model (or one path), base "
+                     "included")
+  axes[0].set_ylabel("validation perplexity (same tokens)")
+  axes[0].set_title("DiPaCo vs dense models: training compute")
+  axes[1].set_title("... and steps")
+  axes[1].margins(x=0.2)
+  for ax in axes:
+    ax.grid(alpha=0.3, which="both")
+  axes[0].legend(fontsize=8)
+  return _save(fig, workdir, filename)
+
+
 def train_summary(run) -> dict:
   """The results.json entry of a `stages.experiment.TrainedRun`."""
   exp, result = run.experiment, run.result
@@ -139,15 +210,19 @@ def data_summary(data) -> dict:
           for s, d in data.docs.items()}
 
 
-def write_results(workdir, results, runs) -> None:
-  """results.json, the plots of `runs` and the table (process 0 only)."""
+def write_results(workdir, results, runs, from_scratch=()) -> None:
+  """results.json, the plots of `runs` (those in `from_scratch` not forked
+  from the base) and the table (process 0 only)."""
   if not multihost.is_writer():
     return
   # Not `write_json`: sorted keys would reorder the table's models.
   atomic.write_text(workdir / "results.json", json.dumps(results, indent=1))
-  plots = [plot_losses(workdir, runs)]
+  plots = [plot_losses(workdir, runs, from_scratch=from_scratch)]
   if results.get("paths"):
     plots.append(plot_paths(workdir, results))
+  if any(c["role"] in ("dense scaled", "dense same_flops")
+         for c in results.get("compute", {}).values()):
+    plots.append(plot_scaling(workdir, results))
   print(final_table(results), flush=True)
   for p in plots:
     if p:

@@ -11,12 +11,16 @@ What it runs, on the embedded corpus (Python's standard library source):
   the base, 300 inner steps each, outer Nesterov every 50 steps -> routed
   evaluation against the dense base continued for the same 300 steps.
 
-Expected result (recorded on a 2-core CPU, 2026-11-26, 2 minutes): DiPaCo
-routed once per document 53.3 perplexity against 54.2 for the dense
-baseline on the same 52k tokens, 52.0 re-routed every 64 tokens by the
-learned window router (a small model and a small gap; the GPU runs in
-BUILD_NOTES.md show the larger one). Re-running the command reuses every
-finished stage.
+Expected result (recorded on a 2-core CPU, 2026-11-26, 4-7 minutes):
+DiPaCo routed once per document 58.5 perplexity against 54.9 for the
+dense baseline on the same 52k tokens; the learned window router keeps
+each document's path (cross-validation on the router documents does not
+show a clear gain). At this size DiPaCo does NOT reliably beat the dense
+baseline: before the router documents were drawn by file (issue 8) the
+same command gave 53.3 against 54.2; the shards of 4 paths over ~1,000
+small documents move a lot with the routing. The GPU runs in
+BUILD_NOTES.md show DiPaCo's gap at a size where it holds. Re-running the
+command reuses every finished stage.
 """
 
 from dipaco_jax import config_base

@@ -9,11 +9,14 @@ import jax
 import numpy as np
 import pytest
 
+from dipaco_jax.data import corpora
+from dipaco_jax.data import shards as shards_lib
 from dipaco_jax.data import token_store
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.routing import features
+from dipaco_jax.stages import assignment
 
 TINY_FLAGS = [
     "--config.data.max_corpus_chars=1000000",
@@ -54,7 +57,7 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
   assert "dense baseline" in run.stdout
   assert "re-routed every 16 tokens (the previous chunk)" in run.stdout
   assert "re-routed every 16 tokens (all tokens so far)" in run.stdout
-  assert "re-routed every 16 tokens (learned window router)" in run.stdout
+  assert "re-routed every 16 tokens (learned window router" in run.stdout
   assert "mesh path=4 x data=2" in run.stdout  # 4 paths on 8 fake devices
   results = json.loads((tmp_path / "results.json").read_text())
   models = results["models"]
@@ -81,6 +84,7 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
   metrics = (tmp_path / "runs" / "dipaco" / "logs" / "train" /
              "metrics.jsonl").read_text().splitlines()
   assert json.loads(metrics[-1])["step"] == 8
+  _check_held_out_documents_are_never_trained_on(tmp_path)
 
   again = _main(tmp_path, *flags, fake_devices=8)
   assert again.returncode == 0, again.stderr[-3000:]
@@ -90,6 +94,71 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
   assert "(reused)" in again.stdout
   assert json.loads((tmp_path / "results.json").read_text())["models"] == (
       models)
+
+
+def _trained_documents(workdir) -> set:
+  """Every document of every shard set that a run trained on."""
+  trained = set()
+  for manifest in (workdir / "shards").glob("*/manifest.json"):
+    for w in range(json.loads(manifest.read_text())["num_shards"]):
+      _, ids = shards_lib.load_shard_with_indices(str(manifest.parent), w)
+      trained |= set(ids.tolist())
+  return trained
+
+
+def _check_held_out_documents_are_never_trained_on(workdir):
+  """Early-stopping documents are in no shard of either phase (nor the base
+  or dense shards), and router and early-stopping documents share no file
+  with any training document."""
+  split = json.loads((workdir / "splits.json").read_text())
+  holdout, router = set(split["holdout_ids"]), set(split["router_ids"])
+  assert holdout and router
+  trained = _trained_documents(workdir)
+  assert not holdout & trained
+  assert not router & trained
+  for phase in ("dipaco", "dipaco_discriminative"):
+    record = json.loads((workdir / "shards" / phase / "holdout.json")
+                        .read_text())
+    assert set(record["documents"]) == holdout
+    per_path = [set(ids) for ids in record["per_path"]]
+    assert len(per_path) == 4 and all(per_path)
+    assert set().union(*per_path) <= holdout
+  units_N = token_store.load_npz(workdir / "data" / "units.npz",
+                                 ("train",))["train"]
+  trained_files = set(units_N[sorted(trained)].tolist())
+  assert not set(units_N[sorted(holdout)].tolist()) & trained_files
+  assert not set(units_N[sorted(router)].tolist()) & trained_files
+
+
+def test_documents_are_split_by_file_before_any_assignment():
+  # Files 0..9 with 1..10 chunks each: a file's chunks go to one set.
+  units_N = np.repeat(np.arange(10), np.arange(1, 11))
+  split = assignment.split_documents(units_N, 0.2, 0.1, seed=3)
+  sets = [split.train_ids, split.router_ids, split.holdout_ids]
+  assert sum(len(s) for s in sets) == len(units_N)
+  files = [set(units_N[s].tolist()) for s in sets]
+  assert not files[0] & files[1] and not files[0] & files[2]
+  assert not files[1] & files[2]
+  assert all(len(s) for s in sets)
+  # The shares are met up to one file's documents.
+  assert 0.2 * 55 <= len(split.router_ids) <= 0.2 * 55 + 10
+  again = assignment.split_documents(units_N, 0.2, 0.1, seed=3)
+  np.testing.assert_array_equal(again.holdout_ids, split.holdout_ids)
+  # One file of 400 chunks among small ones: passed over, not a holdout
+  # of 400 documents.
+  units_N = np.repeat(np.arange(41), [400] + [5] * 40)
+  split = assignment.split_documents(units_N, 0.05, 0.05, seed=0)
+  assert 30 <= len(split.router_ids) <= 60
+  assert 30 <= len(split.holdout_ids) <= 60
+
+
+def test_unit_of_a_document_is_its_file_or_jsonl_line():
+  assert corpora.unit_of("pkg/mod.py#3") == "pkg/mod.py"
+  assert corpora.unit_of("data.jsonl:17") == "data.jsonl:17"
+  assert corpora.unit_of("data.jsonl:17#2") == "data.jsonl:17"
+  assert corpora.unit_of("odd#name.txt#0") == "odd#name.txt"
+  np.testing.assert_array_equal(
+      corpora.unit_ids(["a#0", "b#0", "a#1", "c", "b#1"]), [0, 1, 0, 2, 1])
 
 
 def test_bad_config_fails_before_compute_naming_the_field(tmp_path):

@@ -24,8 +24,28 @@ from typing import Iterable, Iterator, Sequence
 
 from absl import logging
 from etils import epath
+import numpy as np
 
 Document = collections.namedtuple('Document', ['doc_id', 'text'])
+
+
+def unit_of(doc_id: str) -> str:
+  """The split unit of a document: its file (`relpath#chunk` -> relpath),
+  its `.jsonl` line (`relpath:line#chunk` -> relpath:line), or itself.
+
+  Train/validation is split by this unit; held-out router and
+  early-stopping documents are drawn by it too, so no held-out document
+  shares a file with a training document.
+  """
+  head, sep, tail = doc_id.rpartition('#')
+  return head if sep and tail.isdigit() else doc_id
+
+
+def unit_ids(doc_ids: Sequence[str]) -> np.ndarray:
+  """Integer unit ids (numbered in order of first appearance), int64 [N]."""
+  numbers = {}
+  return np.array([numbers.setdefault(unit_of(d), len(numbers))
+                   for d in doc_ids], np.int64)
 
 _GLOB_CHARS = frozenset('*?[')
 

@@ -1,7 +1,9 @@
 """The data stage: corpus -> tokenizer -> token documents, cached in workdir.
 
-Output (under `{workdir}/data/`): `train.npz`, `validation.npz` (TokenDocs)
-and `info.json` with the corpus fingerprint and tokenizer hash. A second run
+Output (under `{workdir}/data/`): `train.npz`, `validation.npz` (TokenDocs),
+`units.npz` (per split, each document's split unit: its file, see
+`corpora.unit_of`) and `info.json` with the corpus fingerprint and
+tokenizer hash. A second run
 with the same data config reuses them without reading the corpus again.
 """
 
@@ -15,6 +17,7 @@ from etils import epath
 from dipaco_jax.data import corpora
 from dipaco_jax.data import token_store
 from dipaco_jax.data import tokenizer as tokenizer_lib
+from dipaco_jax.store import atomic
 
 _SPLITS = ("train", "validation")
 
@@ -24,6 +27,7 @@ class DataBundle:
   tokenizer: tokenizer_lib.Tokenizer
   docs: dict  # split -> TokenDocs
   hashes: dict  # corpus, tokenizer
+  units: dict  # split -> int64 [N]: the file (split unit) of each document
 
   @property
   def vocab_size(self) -> int:
@@ -35,6 +39,7 @@ def _data_key(data_config) -> str:
       "corpus", "text_glob", "text_field", "max_doc_chars",
       "max_corpus_chars", "validation_fraction", "max_documents",
       "vocab_size", "tokenizer_model", "tokenizer_max_sentences")}
+  fields["format"] = 2  # 2: units.npz (older data dirs are redone).
   return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()
                         ).hexdigest()[:16]
 
@@ -69,10 +74,11 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
       tok = tokenizer_lib.Tokenizer.load(info["tokenizer_path"])
       docs = {s: token_store.TokenDocs.load(out / f"{s}.npz")
               for s in _SPLITS}
+      units = token_store.load_npz(out / "units.npz", _SPLITS)
       print(f"[data] reusing {out}: " + ", ".join(
           f"{s} {len(docs[s]):,} docs / {docs[s].num_tokens:,} tokens"
           for s in _SPLITS), flush=True)
-      return DataBundle(tok, docs, info["hashes"])
+      return DataBundle(tok, docs, info["hashes"], units)
   print(f"[data] reading corpus {data_config.corpus!r}", flush=True)
   splits = read_corpus(data_config)
   for split in _SPLITS:
@@ -92,11 +98,14 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
   out.mkdir(parents=True, exist_ok=True)
   for s in _SPLITS:
     docs[s].save(out / f"{s}.npz")
+  units = {s: corpora.unit_ids([doc.doc_id for doc in splits[s]])
+           for s in _SPLITS}
+  token_store.save_npz(out / "units.npz", **units)
   hashes = {"corpus": fingerprint[:16], "tokenizer": tok.sha256[:16]}
   tokenizer_path = (epath.Path(data_config.tokenizer_model)
                     if data_config.tokenizer_model else
                     epath.Path(workdir) / "tokenizer" / "spm.model")
-  info_path.write_text(json.dumps({
+  atomic.write_text(info_path, json.dumps({
       "key": key, "hashes": hashes, "tokenizer_path": str(tokenizer_path),
       **{f"{s}_documents": len(docs[s]) for s in _SPLITS},
       **{f"{s}_tokens": docs[s].num_tokens for s in _SPLITS}}, indent=1))
@@ -104,4 +113,4 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
     print(f"[data] {s}: {len(docs[s]):,} docs, {docs[s].num_tokens:,} "
           "tokens", flush=True)
   logging.info("Data stage wrote %s", out)
-  return DataBundle(tok, docs, hashes)
+  return DataBundle(tok, docs, hashes, units)

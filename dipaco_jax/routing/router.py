@@ -3,7 +3,8 @@
 Generative routers (k-means, product k-means) score a path by its negative
 squared distance; the discriminative router by its logit. Either way
 `top_k` returns the best paths first, so sharding and evaluation do not care
-which kind they hold.
+which kind they hold. A learned window router may also keep each
+document's path (`keep_document_path`, decided in `window_cv`).
 """
 
 import dataclasses
@@ -24,6 +25,10 @@ class Router:
   level_sizes: tuple[int, ...]
   centroids: list  # per level (generative)
   linear: discriminative.LinearRouter | None = None
+  # Window routers only: cross-validation on the router documents found the
+  # fitted router no better than the prefix's path, so every chunk keeps
+  # its document's path (evaluation then routes once per document).
+  keep_document_path: bool = False
 
   @property
   def num_paths(self) -> int:
@@ -51,6 +56,8 @@ class Router:
 
   def sha256(self) -> str:
     h = hashlib.sha256(self.kind.encode() + str(self.level_sizes).encode())
+    if self.keep_document_path:  # Only then, so older hashes still hold.
+      h.update(b"keep_document_path")
     for k, v in sorted(self.arrays().items()):
       h.update(k.encode() + np.ascontiguousarray(v).tobytes())
     return h.hexdigest()[:16]
@@ -60,6 +67,7 @@ class Router:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
       np.savez(f, kind=self.kind, level_sizes=np.array(self.level_sizes),
+               keep_document_path=np.array(self.keep_document_path),
                **self.arrays())
 
   @classmethod
@@ -72,8 +80,11 @@ class Router:
     if "linear_w_DxP" in z:
       linear = discriminative.LinearRouter(
           *(z[f"linear_{f}"] for f in discriminative.LinearRouter._fields))
+    # Routers saved before the flag existed re-route: keep_document_path
+    # defaults to False.
     return cls(str(z["kind"]), tuple(int(x) for x in z["level_sizes"]),
-               centroids, linear)
+               centroids, linear,
+               bool(z.get("keep_document_path", np.array(False))))
 
 
 def fit_generative(seed: int, features_NxD, level_sizes, method: str,

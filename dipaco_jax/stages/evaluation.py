@@ -58,6 +58,28 @@ def dump_reroute_data(exp, split, chunks, doc_paths, nll_NxCxP, layout):
   print(f"[router] wrote {path}", flush=True)
 
 
+def window_router_label(every: int, window_router) -> str:
+  """The table row of the learned window router, saying whether it
+  re-routed or kept each document's path (`routing/window_cv.py`)."""
+  if window_router.keep_document_path:
+    # Why is in results.json (router.window_router: the CV numbers).
+    return (f"dipaco re-routed every {every} tokens (learned window router; "
+            "kept each document's path)")
+  return f"dipaco re-routed every {every} tokens (learned window router)"
+
+
+def window_router_routes(layout, chunks, doc_paths_N, window_router,
+                         num_paths: int) -> np.ndarray:
+  """The path of every token under the learned window router. One that
+  keeps each document's path routes exactly as routing once does: the same
+  array, so the same sums to the last bit."""
+  if window_router.keep_document_path:
+    return routed.route_once(layout, doc_paths_N)
+  return routed.route_by_features(
+      layout, chunks, doc_paths_N, lambda f: window_router.top_k(f, 1)[:, 0],
+      routed.window_router_features(chunks, doc_paths_N, num_paths))
+
+
 def evaluate_dipaco(config, data, trained: experiment_lib.TrainedPaths,
                     router, val_feats,
                     source: feature_source_lib.FeatureSource, window_router,
@@ -87,12 +109,9 @@ def evaluate_dipaco(config, data, trained: experiment_lib.TrainedPaths,
           routed.route_by_features(layout, chunks, doc_paths, route,
                                    chunks.features(context)))
     if window_router is not None:
-      routes[f"dipaco re-routed every {every} tokens (learned window "
-             "router)"] = routed.route_by_features(
-                 layout, chunks, doc_paths,
-                 lambda f: window_router.top_k(f, 1)[:, 0],
-                 routed.window_router_features(chunks, doc_paths,
-                                               exp.topology.num_paths))
+      routes[window_router_label(every, window_router)] = (
+          window_router_routes(layout, chunks, doc_paths, window_router,
+                               exp.topology.num_paths))
   totals = routed.RoutedTotals(routes)
   num_paths = exp.topology.num_paths
   per_doc_PxN = np.zeros((num_paths, len(val)))

@@ -5,6 +5,7 @@ import numpy as np
 
 from dipaco_jax.eval import routed
 from dipaco_jax.routing import router as router_lib
+from dipaco_jax.routing import window_cv
 from dipaco_jax.stages import evaluation
 from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.stages import feature_source as feature_source_lib
@@ -44,7 +45,9 @@ def fit_window_router(config, data, trained: experiment_lib.TrainedPaths,
   trained on "the best path over the next window"; ours is the same target
   with a linear router (`routed.window_router_features`: the base feature of
   everything read so far and of the previous chunk), fit on the held-out
-  router documents, never on validation."""
+  router documents, never on validation. It re-routes only if that beats
+  each document's prefix path under cross-validation on those documents
+  (`window_cv`); otherwise it keeps each document's path."""
   exp = trained.experiment
   every, num_paths = config.eval.reroute_every, exp.topology.num_paths
   docs = data.docs["train"].subset(router_ids)
@@ -63,12 +66,13 @@ def fit_window_router(config, data, trained: experiment_lib.TrainedPaths,
   if config.eval.dump_reroute_data:
     evaluation.dump_reroute_data(exp, "router", chunks, doc_paths, nll_NxCxP,
                                  layout)
-  inputs, nll_XxP, tokens_X, prefix_paths, _ = routed.window_router_examples(
-      chunks, doc_paths, nll_NxCxP,
-      routed.chunk_nll(layout, chunks, layout.windows["weights"]))
-  window_router, info = router_lib.fit_window_router(
-      config.seed, inputs, nll_XxP, tokens_X, exp.topology.level_sizes,
-      config.eval.window_router_objective)
+  inputs, nll_XxP, tokens_X, prefix_paths, doc_X = (
+      routed.window_router_examples(
+          chunks, doc_paths, nll_NxCxP,
+          routed.chunk_nll(layout, chunks, layout.windows["weights"])))
+  window_router, info = window_cv.fit_window_router(
+      config.seed, inputs, nll_XxP, tokens_X, prefix_paths, doc_X,
+      exp.topology.level_sizes, config.eval.window_router_objective)
   labels = nll_XxP.argmin(1)
   info.update({"router_documents": len(docs), "chunks": len(labels),
                "every": every,
@@ -77,4 +81,16 @@ def fit_window_router(config, data, trained: experiment_lib.TrainedPaths,
         f"{every} tokens from {len(docs):,} router docs; best path found "
         f"{info['train_accuracy']:.2f} (prefix path "
         f"{info['prefix_path_accuracy']:.2f})", flush=True)
+  print(_decision_line(info), flush=True)
   return window_router, info
+
+
+def _decision_line(info) -> str:
+  cv = info["cv_nll_per_token_reroute"]
+  learned = "n/a" if cv is None else f"{cv:.4f}"
+  return (f"[router] window router: {info['decision']} (held-out NLL per "
+          f"token over {info['cv_folds']}-fold cross-validation on router "
+          f"documents: re-routed {learned}, each document's path "
+          f"{info['cv_nll_per_token_document_path']:.4f}; gain "
+          f"{info['cv_gain_standard_errors'] or 0.0:.1f} standard errors, "
+          f"re-routes above {window_cv.MARGIN_STANDARD_ERRORS:g})")
