@@ -17,6 +17,7 @@ import numpy as np
 
 from dipaco_jax.routing import discriminative
 from dipaco_jax.routing import kmeans
+from dipaco_jax.store import atomic
 
 
 @dataclasses.dataclass
@@ -63,12 +64,10 @@ class Router:
     return h.hexdigest()[:16]
 
   def save(self, path) -> None:
-    path = epath.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as f:
-      np.savez(f, kind=self.kind, level_sizes=np.array(self.level_sizes),
-               keep_document_path=np.array(self.keep_document_path),
-               **self.arrays())
+    atomic.write_npz(path, kind=self.kind,
+                     level_sizes=np.array(self.level_sizes),
+                     keep_document_path=np.array(self.keep_document_path),
+                     **self.arrays())
 
   @classmethod
   def load(cls, path) -> "Router":

@@ -37,9 +37,6 @@ from dipaco_jax.model import transformer
 from dipaco_jax.stages import evaluation
 from dipaco_jax.stages import experiment as experiment_lib
 
-# The row `evaluation.evaluate_dipaco` gives the dense baseline.
-DENSE_BASELINE_ROW = "dense baseline (one path's size)"
-
 
 @dataclasses.dataclass(frozen=True)
 class DenseSpec:
@@ -58,11 +55,6 @@ class DenseRun(experiment_lib.TrainedRun):
   label: str  # Its row in results["models"].
   non_embedding_params: int
   train_flops: float
-
-
-def path_steps(config) -> int:
-  """Steps each path trains after the base (both phases)."""
-  return config.train.num_steps + max(config.routing.discriminative_steps, 0)
 
 
 def _tokens_per_step(config) -> int:
@@ -86,7 +78,7 @@ def specs(config) -> list[DenseSpec]:
   # fixed parameters the loss depends little on depth vs width (Kaplan et
   # al. 2020, fig. 5), and deeper-thinner models do slightly better below
   # a billion parameters (Liu et al. 2024, MobileLLM).
-  total = config.base.num_steps + path_steps(config)
+  total = config.base.num_steps + experiment_lib.path_steps(config)
   for scale in config_base.parse_scales(config.eval.dense_scales):
     out.append(DenseSpec(
         f"dense_{scale:g}x", _without_extras(experiment_lib.derive_config(
@@ -96,7 +88,7 @@ def specs(config) -> list[DenseSpec]:
         "scaled", scale, total))
   if config.eval.dense_same_flops:
     num_paths = paths_lib.topology_from_config(config).num_paths
-    steps = num_paths * path_steps(config)
+    steps = num_paths * experiment_lib.path_steps(config)
     out.append(DenseSpec(
         "dense_same_flops", _without_extras(experiment_lib.derive_config(
             dense, **{"train.num_steps": steps})),
@@ -146,8 +138,9 @@ def flops(config, vocab_size: int) -> dict[str, float]:
   per_token = flops_per_token(dims, path_n)
   num_paths = paths_lib.topology_from_config(config).num_paths
   base, step = _base_tokens(config), _tokens_per_step(config)
-  out = {"dipaco": per_token * (base + num_paths * path_steps(config) * step),
-         "dense baseline": per_token * (base + path_steps(config) * step)}
+  steps = experiment_lib.path_steps(config)
+  out = {"dipaco": per_token * (base + num_paths * steps * step),
+         "dense baseline": per_token * (base + steps * step)}
   for spec in specs(config):
     if spec.role == "same_flops":
       out[spec.name] = per_token * (
@@ -171,7 +164,7 @@ def _label(config, spec: DenseSpec, non_embedding: int) -> str:
     num_paths = paths_lib.topology_from_config(config).num_paths
     after = " after the base" if config.base.num_steps else ""
     return (f"dense one path's size, DiPaCo's training FLOPs ({num_paths} x "
-            f"{path_steps(config)} steps{after})")
+            f"{experiment_lib.path_steps(config)} steps{after})")
   return (f"dense {spec.scale:g}x ({_count(non_embedding)} non-embedding "
           f"params, from scratch, {spec.steps} steps)")
 
@@ -219,11 +212,11 @@ def compute(config, data, models: dict, trained: experiment_lib.TrainedRun,
   all_flops = flops(config, data.vocab_size)
   exp = trained.experiment
   path_n, bank_n = param_counts(exp.dims, exp.topology)
-  steps = config.base.num_steps + path_steps(config)
+  steps = config.base.num_steps + experiment_lib.path_steps(config)
   dipaco = {"role": "dipaco", "train_flops": all_flops["dipaco"],
             "non_embedding_params": path_n,
             "non_embedding_params_all_paths": bank_n, "steps": steps}
-  dense = {DENSE_BASELINE_ROW: {
+  dense = {evaluation.DENSE_BASELINE_ROW: {
       "role": "dense baseline", "train_flops": all_flops["dense baseline"],
       "non_embedding_params": path_n, "steps": steps, "scale": 1.0}}
   for r in runs:

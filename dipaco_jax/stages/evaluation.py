@@ -11,6 +11,8 @@ from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.stages import feature_source as feature_source_lib
 from dipaco_jax.store import atomic
 
+DENSE_BASELINE_ROW = "dense baseline (one path's size)"
+
 
 def score(layout, model, params, config) -> dict:
   """Loss and perplexity of one model's `params` on `layout`'s tokens."""
@@ -146,7 +148,7 @@ def evaluate_dipaco(config, data, trained: experiment_lib.TrainedPaths,
         routed.summary(best_chunk_NxC.sum(), count))
   dense_nll = routed.token_nll(dense.experiment.model, dense.path_params(),
                                layout, config.train.eval_batch_size)
-  out["models"]["dense baseline (one path's size)"] = routed.summary(
+  out["models"][DENSE_BASELINE_ROW] = routed.summary(
       dense_nll.sum(), count)
   tokens_N = np.bincount(doc_M, weights=layout.windows["weights"].sum(1),
                          minlength=len(val))

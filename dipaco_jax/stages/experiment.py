@@ -60,12 +60,16 @@ def base_config_of(config):
       "train.batch_size": config.base.batch_size or config.train.batch_size})
 
 
+def path_steps(config) -> int:
+  """Steps each path trains after the base (both phases)."""
+  return config.train.num_steps + max(config.routing.discriminative_steps, 0)
+
+
 def dense_config_of(config):
   """DiPaCo's dense baseline: one path's size, continued from the same
   base for the same steps and batch as each path."""
   return derive_config(config, **_DENSE, **{
-      "train.num_steps": config.train.num_steps + max(
-          config.routing.discriminative_steps, 0)})
+      "train.num_steps": path_steps(config)})
 
 
 class Experiment:
