@@ -6,8 +6,8 @@ Command (one H100/H200):
 
 Same model, base and schedule as dipaco_4x4, with 2 experts per level.
 Expected result (H100, on the site-packages corpus of BUILD_NOTES.md):
-validation perplexity routed once about 39.5, re-routed every 64 tokens by
-the learned window router about 38.7, dense baseline about 44.8;
+validation perplexity routed once about 39.3, re-routed every 64 tokens by
+the learned window router about 38.4, dense baseline about 44.8;
 BUILD_NOTES.md ("DiPaCo vs dense") has the table.
 """
 
