@@ -13,7 +13,7 @@ Expected result (H100, on the site-packages corpus of BUILD_NOTES.md):
 validation perplexity routed once about 35.4, re-routed every 64 tokens by
 the learned window router about 33.9, dense baseline about 44.8; with
 `--config.eval.dense_scales=2,4 --config.eval.dense_same_flops=True`, dense
-models of 2x and 4x a path's size about 42.1, and one path's size at
+models of 2x and 4x a path's size about 41.8 and 42.1, and one path's size at
 DiPaCo's training FLOPs about 8.6 (DiPaCo wins at equal steps, loses by
 far at equal FLOPs); BUILD_NOTES.md ("DiPaCo vs dense") has the tables.
 """
