@@ -1,0 +1,369 @@
+"""A local Google Cloud Storage emulator for tests, and the client settings
+that point this process's `gs://` code paths at it.
+
+The emulator is `gcp-storage-emulator` (pure Python, from PyPI, in the `test`
+extra), run in a subprocess on a free loopback port with in-memory storage.
+It speaks the GCS JSON API, which is what the store's layers use:
+
+* etils.epath -> fsspec -> gcsfs (honours `STORAGE_EMULATOR_HOST`),
+* orbax -> tensorstore's `gcs` kvstore driver (honours
+  `TENSORSTORE_GCS_HTTP_URL`; `GOOGLE_AUTH_TOKEN_FOR_TESTING` keeps it from
+  looking for, and sending, real credentials).
+
+Two client defaults cannot reach an emulator and are switched off inside
+`clients_pointed_at`:
+
+* with TensorFlow installed, etils.epath sends `gs://` through
+  `tf.io.gfile`, whose GCS endpoints are compiled in
+  (https://www.googleapis.com/storage/v1/); `EPATH_USE_TF=0` selects the
+  fsspec backend instead;
+* gcsfs's default filesystem class (`ExtendedGcsFileSystem`) first asks the
+  gRPC Storage Control API for the bucket's layout, which a JSON-API emulator
+  does not serve (each call then waits out a 60 s retry); the plain HTTP
+  `gcsfs.core.GCSFileSystem`, what the extended class falls back to for an
+  ordinary bucket, is registered for `gs`/`gcs` instead.
+
+The emulator lacks two pieces of GCS that tensorstore's OCDBT manifest
+updates depend on, so it is started through this module
+(`python -m dipaco_jax.testing_gcs PORT`), which adds them before serving:
+
+* the `x-goog-generation` / `x-goog-metageneration` headers of a media read
+  (tensorstore takes an object's generation from them; without them a
+  re-read manifest gets generation 0 and the next conditional write fails
+  with "Malformed StorageGeneration");
+* the `ifGenerationMatch` / `ifGenerationNotMatch` preconditions of reads,
+  uploads and deletes (412, or 304 for a read whose generation did not
+  change), which OCDBT uses for its compare-and-swap of the manifest.
+
+These patches touch the emulator's internals, so its version is pinned in
+setup.py; if its handlers change, the launcher fails at start, loudly.
+
+Still missing, and unused by the store: listing by `startOffset` /
+`endOffset` (the emulator ignores them and lists the whole bucket, so
+tensorstore's `KvStore.list` and `delete_range`, which send only
+those, would overreach here), and every gRPC API.
+
+Usage:
+
+  with testing_gcs.running() as emulator:
+    emulator.create_bucket("b")
+    with testing_gcs.clients_pointed_at(emulator):
+      ...                    # gs://b/... lives in the emulator here
+"""
+
+import atexit
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+EMULATOR_MODULE = "gcp_storage_emulator"
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TESTING_TOKEN = "dipaco-gcs-emulator"  # Never a real credential.
+_running: list["Emulator"] = []
+
+
+def available() -> bool:
+  """Whether the emulator package is installed."""
+  return importlib.util.find_spec(EMULATOR_MODULE) is not None
+
+
+@dataclasses.dataclass
+class Emulator:
+  """A running emulator: `url` is http://127.0.0.1:PORT."""
+  url: str
+  process: subprocess.Popen
+  workdir: str
+
+  def _request(self, method: str, path: str, body: dict | None = None,
+               timeout: float = 10.0) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        self.url + path, data=data, method=method,
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+      text = response.read().decode()
+    return json.loads(text) if text.strip() else {}
+
+  def create_bucket(self, name: str) -> None:
+    self._request("POST", "/storage/v1/b?project=test", {"name": name})
+
+  def object_names(self, bucket: str, prefix: str = "") -> list[str]:
+    """The names of the objects in `bucket` under `prefix`, asked of the
+    emulator directly (not through any client under test)."""
+    query = urllib.parse.urlencode({"prefix": prefix})
+    listing = self._request("GET", f"/storage/v1/b/{bucket}/o?{query}")
+    names = [item["name"] for item in listing.get("items", [])]
+    # The emulator filters by prefix; check anyway, it is cheap.
+    return sorted(n for n in names if n.startswith(prefix))
+
+  def stop(self) -> None:
+    """Ends the emulator process (and only it) and removes its workdir."""
+    if self.process.poll() is None:
+      self.process.terminate()
+      try:
+        self.process.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        self.process.kill()
+        self.process.wait(timeout=5)
+    shutil.rmtree(self.workdir, ignore_errors=True)
+    if self in _running:
+      _running.remove(self)
+
+
+def _free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _ready(url: str) -> bool:
+  try:
+    with urllib.request.urlopen(url + "/", timeout=1) as response:
+      return response.read().strip() == b"OK"
+  except (urllib.error.URLError, OSError):
+    return False
+
+
+def start(timeout: float = 30.0, attempts: int = 3) -> Emulator:
+  """Starts an emulator; returns once it answers its health check.
+
+  Raises RuntimeError if it does not within `timeout` seconds (it is then
+  killed), or exits first (a port taken between choosing and binding it is
+  retried on another port, `attempts` times in all).
+  """
+  if not available():
+    raise RuntimeError(f"{EMULATOR_MODULE} is not installed (pip install "
+                       "gcp-storage-emulator, or the package's test extra)")
+  error = ""
+  for _ in range(attempts):
+    port = _free_port()
+    workdir = tempfile.mkdtemp(prefix="gcs_emulator_")
+    log_path = os.path.join(workdir, "emulator.log")
+    with open(log_path, "wb") as log:
+      process = subprocess.Popen(
+          [sys.executable, "-m", __name__, str(port)],
+          cwd=workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+          env={**os.environ, "STORAGE_BASE": workdir,
+               "PYTHONPATH": os.pathsep.join(
+                   p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH"))
+                   if p)})
+    emulator = Emulator(f"http://127.0.0.1:{port}", process, workdir)
+    _running.append(emulator)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+      if _ready(emulator.url):
+        return emulator
+      time.sleep(0.1)
+    exited = process.poll() is not None
+    emulator.stop()  # Kills it if it is still starting.
+    with contextlib.suppress(OSError):
+      with open(log_path, "rb") as log:
+        error = log.read()[-2000:].decode(errors="replace")
+    if not exited:
+      raise RuntimeError(f"GCS emulator not ready after {timeout} s:\n{error}")
+  raise RuntimeError(f"GCS emulator exited at start ({attempts} tries):\n"
+                     f"{error}")
+
+
+@contextlib.contextmanager
+def running(timeout: float = 30.0):
+  """An emulator for the duration of the `with` block, always stopped."""
+  emulator = start(timeout)
+  try:
+    yield emulator
+  finally:
+    emulator.stop()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+  for emulator in list(_running):
+    emulator.stop()
+
+
+def client_env(emulator: Emulator) -> dict[str, str]:
+  """Environment variables that send gcsfs and tensorstore to `emulator`."""
+  return {
+      "STORAGE_EMULATOR_HOST": emulator.url,        # gcsfs (and google-cloud-*)
+      "TENSORSTORE_GCS_HTTP_URL": emulator.url,     # tensorstore's gcs driver
+      "GOOGLE_AUTH_TOKEN_FOR_TESTING": _TESTING_TOKEN,  # tensorstore auth
+      "TENSORSTORE_GCS_REQUEST_CONCURRENCY": "4",   # a one-thread server
+      "EPATH_USE_TF": "0",                          # epath: fsspec, not gfile
+  }
+
+
+def reset_client_caches() -> None:
+  """Forgets the cached clients and backend choices of etils and gcsfs, so
+  the next `gs://` call reads the current environment."""
+  from etils.epath import backend as epath_backend  # pylint: disable=g-import-not-at-top
+  from etils.epath import gpath  # pylint: disable=g-import-not-at-top
+  for cached in (getattr(gpath, "_is_tf_installed", None),
+                 getattr(gpath, "_is_zonal_gcs_bucket", None),
+                 getattr(epath_backend._FileSystemSpecBackend,  # pylint: disable=protected-access
+                         "_get_filesystem", None)):
+    if hasattr(cached, "cache_clear"):
+      cached.cache_clear()
+  if "gcsfs" in sys.modules:
+    import gcsfs  # pylint: disable=g-import-not-at-top
+    import gcsfs.core  # pylint: disable=g-import-not-at-top
+    for cls in {gcsfs.GCSFileSystem, gcsfs.core.GCSFileSystem}:
+      cls.clear_instance_cache()
+
+
+@contextlib.contextmanager
+def clients_pointed_at(emulator: Emulator):
+  """Sends this process's `gs://` traffic to `emulator` inside the `with`
+  block only: the environment variables of `client_env`, anonymous gcsfs,
+  the plain gcsfs filesystem class for gs:// (see the module docstring).
+  On exit every one of them is put back as it was (a variable that was
+  unset is unset again) and the client caches are dropped again."""
+  import fsspec  # pylint: disable=g-import-not-at-top
+  import fsspec.config  # pylint: disable=g-import-not-at-top
+  import gcsfs.core  # pylint: disable=g-import-not-at-top
+  with contextlib.ExitStack() as restore:
+    restore.callback(reset_client_caches)  # Runs last.
+    for name, value in client_env(emulator).items():
+      restore.callback(_restore_env, name, os.environ.get(name))
+      os.environ[name] = value
+    conf = fsspec.config.conf
+    restore.callback(_restore_item, conf, "gcs", conf.get("gcs"))
+    conf["gcs"] = {**conf.get("gcs", {}), "token": "anon"}
+    for protocol in ("gs", "gcs"):
+      previous = fsspec.get_filesystem_class(protocol)
+      restore.callback(fsspec.register_implementation, protocol, previous,
+                       clobber=True)
+      fsspec.register_implementation(protocol, gcsfs.core.GCSFileSystem,
+                                     clobber=True)
+    reset_client_caches()
+    yield
+
+
+def _restore_env(name: str, value: str | None) -> None:
+  if value is None:
+    os.environ.pop(name, None)
+  else:
+    os.environ[name] = value
+
+
+def _restore_item(mapping: dict, key, value) -> None:
+  if value is None:
+    mapping.pop(key, None)
+  else:
+    mapping[key] = value
+
+
+# The emulator process (`python -m dipaco_jax.testing_gcs PORT`).
+
+
+def _object_generation(storage, bucket: str, name: str | None) -> int:
+  """The live generation of an object, 0 when there is none."""
+  from gcp_storage_emulator.exceptions import NotFound  # pylint: disable=g-import-not-at-top
+  if not bucket or not name:
+    return 0
+  try:
+    return int(storage.get_file_obj(bucket, name)["generation"])
+  except NotFound:
+    return 0
+
+
+def _query_int(request, key: str) -> int | None:
+  values = request.query.get(key)
+  return int(values[0]) if values else None
+
+
+def _upload_name(request) -> str | None:
+  if request.query.get("name"):
+    return request.query["name"][0]
+  data = request.data
+  meta = data.get("meta") if isinstance(data, dict) else None
+  return meta.get("name") if isinstance(meta, dict) else None
+
+
+def _path_name(request) -> str | None:
+  return request.params.get("object_id")
+
+
+def _with_preconditions(handler, object_name, reading: bool):
+  """`handler` behind GCS's generation preconditions; a successful media
+  read also reports the object's generation headers."""
+  from http import HTTPStatus  # pylint: disable=g-import-not-at-top
+
+  def wrapped(request, response, storage, *args, **kwargs):
+    bucket = request.params.get("bucket_name")
+    name = object_name(request)
+    current = _object_generation(storage, bucket, name)
+    match = _query_int(request, "ifGenerationMatch")
+    not_match = _query_int(request, "ifGenerationNotMatch")
+    if reading and not current:
+      pass  # Missing: the handler answers 404.
+    elif match is not None and match != current:
+      response.status = HTTPStatus.PRECONDITION_FAILED
+      response.json({"error": {"code": 412, "message": "ifGenerationMatch"}})
+      return None
+    elif not_match is not None and not_match == current:
+      if reading:
+        response.status = HTTPStatus.NOT_MODIFIED
+      else:
+        response.status = HTTPStatus.PRECONDITION_FAILED
+        response.json({"error": {"code": 412,
+                                 "message": "ifGenerationNotMatch"}})
+      return None
+    result = handler(request, response, storage, *args, **kwargs)
+    if reading and response.status in (HTTPStatus.OK,
+                                       HTTPStatus.PARTIAL_CONTENT):
+      obj = storage.get_file_obj(bucket, name)
+      response["x-goog-generation"] = str(obj["generation"])
+      response["x-goog-metageneration"] = str(obj.get("metageneration", 1))
+    return result
+
+  return wrapped
+
+
+def _patch_emulator() -> None:
+  """Adds generation headers and preconditions to the emulator's media
+  reads (`download`, also reached as `get?alt=media`), uploads (`insert`)
+  and deletes (`delete`)."""
+  from gcp_storage_emulator import server  # pylint: disable=g-import-not-at-top
+  from gcp_storage_emulator.handlers import objects  # pylint: disable=g-import-not-at-top
+  replace = {
+      objects.download: _with_preconditions(objects.download, _path_name,
+                                            reading=True),
+      objects.insert: _with_preconditions(objects.insert, _upload_name,
+                                          reading=False),
+      objects.delete: _with_preconditions(objects.delete, _path_name,
+                                          reading=False),
+  }
+  found = set()
+  for _, methods in server.HANDLERS:
+    for method, handler in list(methods.items()):
+      if handler in replace:
+        methods[method] = replace[handler]
+        found.add(handler)
+  if found != set(replace):
+    raise RuntimeError("gcp-storage-emulator's handlers changed; update "
+                       "dipaco_jax/testing_gcs.py (or its pinned version)")
+  # `get` (alt=media) and the router's upload fallback call these by name.
+  objects.download = replace[objects.download]
+  objects.insert = replace[objects.insert]
+
+
+def _serve(port: int) -> None:
+  _patch_emulator()
+  from gcp_storage_emulator import __main__ as emulator_main  # pylint: disable=g-import-not-at-top
+  emulator_main.main(["start", "--host", "127.0.0.1", "--port", str(port),
+                      "--in-memory", "--quiet"])
+
+
+if __name__ == "__main__":
+  _serve(int(sys.argv[1]))
