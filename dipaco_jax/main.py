@@ -45,16 +45,19 @@ flags.mark_flags_as_required(["config", "workdir"])
 flags.register_validator("workdir", cli_errors.check_workdir)
 
 
-def main(argv):
+def main(argv, islands=None):
+  """Runs the job; `islands` (`islands.launcher.IslandOptions`) trains its
+  multi-worker runs through the island runtime (`python -m
+  dipaco_jax.islands`)."""
   del argv
   if not flags.FLAGS["verbosity"].present:
     # Library INFO logs (orbax, absl) would bury the progress lines.
     logging.set_verbosity(logging.WARNING)
   with cli_errors.user_errors(verbose=_VERBOSE.value):
-    _run()
+    _run(islands)
 
 
-def _run():
+def _run(islands):
   from dipaco_jax.parallel import mesh  # pylint: disable=g-import-not-at-top
   from dipaco_jax.parallel import multihost  # pylint: disable=g-import-not-at-top
   if _DISTRIBUTED.value:
@@ -68,7 +71,7 @@ def _run():
   from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   pipeline.check_config(config)  # ConfigError: one line, exit 2 (above)
-  pipeline.run(config, _WORKDIR.value)
+  pipeline.run(config, _WORKDIR.value, islands)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.stages import feature_source as feature_source_lib
 from dipaco_jax.stages import router_fit
 from dipaco_jax.store import atomic
+from dipaco_jax.store import lock as lock_lib
+from dipaco_jax.train import checkpoint as ckpt_lib
 
 # Used by main.py, tests and scripts under these names.
 make_shards = cache.make_shards
@@ -51,11 +53,30 @@ training_hash = experiment_lib.training_hash
 base_config_of = experiment_lib.base_config_of
 
 
-def run(config, workdir: str) -> dict:
-  """The main job for any config."""
-  if paths_lib.topology_from_config(config).num_paths > 1:
-    return run_dipaco(config, workdir)
-  return run_single_path(config, workdir)
+def run(config, workdir: str, islands=None) -> dict:
+  """The main job for any config, as the only job in `workdir`: process 0
+  holds the workdir's lock throughout (store.lock), and the wall time of
+  every invocation adds up in `{workdir}/wall_time.json`. With `islands`
+  (`islands.launcher.IslandOptions`) its multi-worker runs train as
+  separate processes exchanging modules through a store."""
+  lock = lock_lib.WorkdirLock(workdir)
+  # The other processes wait for process 0's lock, and stop with it when
+  # another job holds the workdir.
+  multihost.first_on_writer(
+      lambda: lock.acquire() if multihost.is_writer() else None,
+      "workdir lock")
+  t0, worked = time.time(), True
+  try:
+    if paths_lib.topology_from_config(config).num_paths > 1:
+      return run_dipaco(config, workdir, islands)
+    return run_single_path(config, workdir, islands)
+  except ckpt_lib.CheckpointMismatchError:
+    worked = False  # Refused: "Nothing was written" stays true.
+    raise
+  finally:
+    if worked:  # A failed invocation worked on the workdir too.
+      report_lib.add_wall_seconds(workdir, time.time() - t0)
+    lock.release()
 
 
 def check_config(config) -> None:
@@ -86,14 +107,19 @@ def check_config(config) -> None:
 
 
 def _prepare(config, workdir):
+  """Checks, then the data stage, then config.json: a job refused (runs
+  with checkpoints under other settings, a corpus without text) writes
+  nothing, and config.json keeps naming the settings the runs have."""
   workdir = epath.Path(workdir)
-  if multihost.is_writer():
-    workdir.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(workdir / "config.json",
-                      config.to_json_best_effort(indent=1))
-  return workdir, multihost.first_on_writer(
-      lambda: prepare.prepare_data(config.data, str(workdir), config.seed),
-      "data")
+
+  def check_then_prepare():
+    experiment_lib.check_workdir(config, workdir)  # Reads only.
+    data = prepare.prepare_data(config.data, str(workdir), config.seed)
+    if multihost.is_writer():
+      atomic.write_text(workdir / "config.json",
+                        config.to_json_best_effort(indent=1))
+    return data
+  return workdir, multihost.first_on_writer(check_then_prepare, "data")
 
 
 def _train_base(config, data, workdir, doc_ids):
@@ -116,7 +142,7 @@ def _init_bank(base_exp, base_params, topology):
                                       topology)
 
 
-def run_single_path(config, workdir) -> dict:
+def run_single_path(config, workdir, islands=None) -> dict:
   """Dense training, or DiLoCo over `paths.num_replicas` replicas."""
   t0 = time.time()
   workdir, data = _prepare(config, workdir)
@@ -132,6 +158,7 @@ def run_single_path(config, workdir) -> dict:
       {**data.hashes, "router": router_hash})
   exp = experiment_lib.Experiment(config, data, workdir, "main", shard_dir,
                                   manifest)
+  exp.islands = islands
   trained = experiment_lib.TrainedRun(exp, exp.train(
       _init_bank(base_exp, base_params, topology), init_from=base_exp))
   layout = routed.make_layout(data.docs["validation"], config.data.seq_len,
@@ -146,7 +173,8 @@ def run_single_path(config, workdir) -> dict:
       "models": {name: metrics},
       "runs": [report_lib.train_summary(trained)],
       "data": report_lib.data_summary(data),
-      "wall_seconds": time.time() - t0,
+      "wall_seconds": report_lib.wall_seconds_before(workdir) + (
+          time.time() - t0),
   }
   report_lib.write_results(workdir, results,
                            ["base", "main"] if base_exp else ["main"])
@@ -154,7 +182,7 @@ def run_single_path(config, workdir) -> dict:
 
 
 def _train_paths(config, data, workdir, name, router, feats, path_ids,
-                 init_bank, init_from, holdout=None
+                 init_bank, init_from, holdout=None, islands=None
                  ) -> experiment_lib.TrainedPaths:
   """Top-k shards by `router`, training, and per-path early stopping on
   `holdout` = (document ids, their features), routed by the same router."""
@@ -177,6 +205,7 @@ def _train_paths(config, data, workdir, name, router, feats, path_ids,
       {**data.hashes, "router": router.sha256()})
   exp = experiment_lib.Experiment(config, data, workdir, name, shard_dir,
                                   manifest)
+  exp.islands = islands
   stopper, callbacks = None, ()
   if held is not None:
     if multihost.is_writer():  # Which documents each path stops on.
@@ -193,7 +222,7 @@ def _train_paths(config, data, workdir, name, router, feats, path_ids,
   return experiment_lib.TrainedPaths(exp, result, stopper)
 
 
-def run_dipaco(config, workdir) -> dict:
+def run_dipaco(config, workdir, islands=None) -> dict:
   """The DiPaCo pipeline (module docstring)."""
   t0 = time.time()
   workdir, data = _prepare(config, workdir)
@@ -248,7 +277,8 @@ def run_dipaco(config, workdir) -> dict:
 
   trained = _train_paths(
       config, data, workdir, "dipaco", router, feats["paths"], path_ids,
-      _init_bank(base_exp, base_params, topology), base_exp, holdout)
+      _init_bank(base_exp, base_params, topology), base_exp, holdout,
+      islands)
   phases = [trained]
 
   disc_info = None
@@ -264,7 +294,7 @@ def run_dipaco(config, workdir) -> dict:
         disc_cfg, data, workdir, "dipaco_discriminative", router,
         feats["paths"], path_ids, jax.device_get(
             trained.experiment.eval_bank(trained.result.state)),
-        trained.experiment, holdout)
+        trained.experiment, holdout, islands)
     phases.append(trained)
 
   # Dense baseline: the same base, the same steps and batch as one path.
@@ -313,7 +343,8 @@ def run_dipaco(config, workdir) -> dict:
       "runs": [report_lib.train_summary(t)
                for t in phases + [dense] + extra],
       "data": report_lib.data_summary(data),
-      "wall_seconds": time.time() - t0,
+      "wall_seconds": report_lib.wall_seconds_before(workdir) + (
+          time.time() - t0),
   })
   results["communication"] = {"bytes_outer_sync": sum(
       t.experiment.bytes_communicated() for t in phases)}

@@ -29,6 +29,13 @@ def _bytes(n: int) -> str:
     n /= 1024
 
 
+def _speed(run: dict) -> str:
+  """Tokens/s of a run, marked when this invocation reused its
+  checkpoint (the figure is then the one it trained at)."""
+  speed = f"{run['tokens_per_s']:,.0f}" if run["tokens_per_s"] else ""
+  return f"{speed} (reused)".strip() if run.get("reused") else speed
+
+
 def final_table(results: dict) -> str:
   """Validation perplexity of every model on the same tokens, and costs."""
   rows = [[name, f"{m['loss']:.4f}", f"{m['perplexity']:.2f}",
@@ -39,9 +46,8 @@ def final_table(results: dict) -> str:
   train = results["runs"]
   out.append(_table(
       ["run", "workers", "steps", "train tokens/s", "bytes communicated"],
-      [[t["name"], t["workers"], t["steps"], f"{t['tokens_per_s']:,.0f}"
-        if t["tokens_per_s"] else "(reused)", _bytes(t["bytes_communicated"])]
-       for t in train]))
+      [[t["name"], t["workers"], t["steps"], _speed(t),
+        _bytes(t["bytes_communicated"])] for t in train]))
   if results.get("paths"):
     ppl = lambda m: f"{m['perplexity']:.2f}" if m["tokens"] else "-"
     out.append(_table(
@@ -59,7 +65,8 @@ def final_table(results: dict) -> str:
         [[short, f"{c['non_embedding_params']:,}", f"{c['steps']:,}",
           f"{c['train_flops']:.3g}", f"{m['perplexity']:.2f}"]
          for short, c, m in scaling]))
-  out.append(f"wall time {results['wall_seconds']:.0f} s")
+  out.append(f"wall time {results['wall_seconds']:.0f} s (every invocation "
+             "on this workdir)")
   return "\n".join(out)
 
 
@@ -194,14 +201,51 @@ def plot_scaling(workdir, results, filename="scaling.png") -> str:
 
 
 def train_summary(run) -> dict:
-  """The results.json entry of a `stages.experiment.TrainedRun`."""
+  """The results.json entry of a `stages.experiment.TrainedRun`.
+
+  Its training figures come from the run's `summary.json`
+  (`metrics.write_run_summary`), the same whether this invocation trained
+  the run, resumed it or reused it; without one (a run trained before it
+  existed) from what this invocation measured.
+  """
   exp, result = run.experiment, run.result
-  return {"name": exp.name, "workers": exp.topology.num_workers,
-          "steps": result.steps, "tokens_per_s": result.tokens_per_s,
-          "resumed_from": result.resumed_from,
-          "bytes_communicated": exp.bytes_communicated(),
-          "final_loss": float(np.mean(result.final_losses_W))
-          if result.final_losses_W.size else None}
+  # A run trained by an earlier invocation comes back with no losses.
+  reused = not result.final_losses_W.size
+  out = {"name": exp.name, "workers": exp.topology.num_workers,
+         "steps": result.steps, "tokens_per_s": result.tokens_per_s,
+         "resumed_from": result.resumed_from, "reused": reused,
+         "bytes_communicated": exp.bytes_communicated(),
+         "train_seconds": None,
+         "final_loss": None if reused else float(
+             np.mean(result.final_losses_W))}
+  if getattr(exp, "store_bytes", None) is not None:  # Islands: measured.
+    out["store_bytes"] = exp.store_bytes
+  saved = metrics_lib.read_run_summary(exp.run_dir)
+  if saved is not None and saved["steps"] == result.steps:
+    out.update({k: saved[k] for k in ("tokens_per_s", "train_seconds",
+                                      "final_loss")})
+  return out
+
+
+WALL_TIME = "wall_time.json"
+
+
+def wall_seconds_before(workdir) -> float:
+  """Wall time of the earlier invocations that worked on `workdir`."""
+  path = epath.Path(workdir) / WALL_TIME
+  return json.loads(path.read_text())["seconds"] if path.exists() else 0.0
+
+
+def add_wall_seconds(workdir, seconds: float) -> None:
+  """Adds one invocation's wall time to `{workdir}/wall_time.json`
+  (process 0; the workdir lock keeps it the only writer)."""
+  if not multihost.is_writer():
+    return
+  path = epath.Path(workdir) / WALL_TIME
+  old = json.loads(path.read_text()) if path.exists() else {}
+  atomic.write_json(path, {
+      "seconds": old.get("seconds", 0.0) + seconds,
+      "invocations": old.get("invocations", 0) + 1})
 
 
 def data_summary(data) -> dict:

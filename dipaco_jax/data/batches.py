@@ -100,7 +100,10 @@ class StackedBatches:
   """Batches of W streams at once: [W, B, L+1], stream w = path w."""
 
   def __init__(self, rows_per_stream: Sequence[np.ndarray], seed: int,
-               batch_size: int):
+               batch_size: int, stream_ids: Sequence[int] | None = None):
+    """`stream_ids[i]` is the worker whose batches stream i draws (default
+    i): an island worker holding workers 4 and 5 draws exactly their rows
+    of the SPMD run."""
     if not rows_per_stream:
       raise ValueError('StackedBatches needs at least one stream.')
     widths = {rows.shape[1] for rows in rows_per_stream}
@@ -109,6 +112,11 @@ class StackedBatches:
           'All streams must have rows of the same length (seq_len + 1); got '
           f'shapes {[r.shape for r in rows_per_stream]}.')
     self._rows = list(rows_per_stream)
+    self._ids = (list(range(len(self._rows))) if stream_ids is None
+                 else [int(i) for i in stream_ids])
+    if len(self._ids) != len(self._rows):
+      raise ValueError(f'{len(self._ids)} stream ids for {len(self._rows)} '
+                       'streams.')
     self._seed = seed
     self._batch_size = batch_size
 
@@ -129,7 +137,7 @@ class StackedBatches:
     width = self._rows[0].shape[1]
     out = np.empty((len(streams), self._batch_size, width), dtype=np.int32)
     for i, w in enumerate(streams):
-      out[i] = batch_for_step(self._rows[w], self._seed, w, step,
+      out[i] = batch_for_step(self._rows[w], self._seed, self._ids[w], step,
                               self._batch_size)
     return out
 

@@ -256,8 +256,14 @@ def load_or_train_tokenizer(workdir: str, texts_fn: Callable[[],
                                                              Iterable[str]],
                             vocab_size: int, model_path: str = '',
                             seed: int = 0,
-                            max_sentences: int = 200_000) -> Tokenizer:
+                            max_sentences: int = 200_000,
+                            texts_key: str = '') -> Tokenizer:
   """Loads `model_path`, or the cached model in the workdir, or trains one.
+
+  The cached model is reused only when it was trained with the same
+  arguments from the same texts: `texts_key` names the texts (the data
+  stage passes a hash of the train split), so a changed corpus retrains it
+  where a fresh workdir would.
 
   Args:
     workdir: the run directory; the model is cached under `tokenizer/`.
@@ -266,6 +272,9 @@ def load_or_train_tokenizer(workdir: str, texts_fn: Callable[[],
     model_path: a given model file; if set, nothing is trained or cached.
     seed: the training seed.
     max_sentences: at most this many training lines.
+    texts_key: a fingerprint of what `texts_fn` returns; a model cached
+      under another one is retrained. Models cached before this key existed
+      are retrained once.
 
   Returns:
     The tokenizer.
@@ -279,7 +288,7 @@ def load_or_train_tokenizer(workdir: str, texts_fn: Callable[[],
   model_file = directory / _MODEL_FILE
   info_file = directory / _INFO_FILE
   wanted = {'vocab_size': vocab_size, 'seed': seed,
-            'max_sentences': max_sentences}
+            'max_sentences': max_sentences, 'texts': texts_key}
   if info_file.exists() and model_file.exists():
     try:
       info = json.loads(info_file.read_text())

@@ -1,6 +1,30 @@
 """What one training run is: its config (and the runs derived from it),
 its shards and run directory, the hashes its checkpoints carry, and what
-it returns once trained."""
+it returns once trained.
+
+When a run directory already has checkpoints (the rule, for a user who
+runs the same workdir again):
+
+* Same training settings and same inputs: training resumes (or the
+  finished run is reused).
+* An input changed (the corpus, the tokenizer, the documents or router of
+  its shards, the run it starts from): the run is recomputed, as every
+  cached stage is. Its old directory is moved aside to
+  `runs/NAME.stale-<hash>` (not deleted: it may have cost hours; delete it
+  when not needed) and the run trains from the start.
+* A training setting of the run changed (`training_fields`: the model,
+  optimizers, steps, batch, seed, ...; not logging, checkpointing, routing
+  or evaluation, and for the 1-worker base and dense runs not the outer
+  optimizer they never use): the job is refused by `check_workdir` before
+  it writes anything (config.json, data/, shards/), naming the fields that
+  changed. Continuing a run under other settings would mix two runs, and
+  retraining silently would discard what the user may have meant to
+  extend; a fresh --workdir, the old values, or deleting the run dir are
+  each one step away.
+
+The settings a workdir's runs were trained with are those of its
+`config.json`, written by the last job that passed the check.
+"""
 
 import copy
 import dataclasses
@@ -10,8 +34,11 @@ import zlib
 
 from etils import epath
 import jax
+import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 
+from dipaco_jax import config_base
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.data import batches as batches_lib
 from dipaco_jax.data import prepare
@@ -20,12 +47,22 @@ from dipaco_jax.eval import early_stopping as early_stopping_lib
 from dipaco_jax.model import bank as bank_lib
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
+from dipaco_jax.parallel import multihost
+from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import loop
 from dipaco_jax.train import state as state_lib
 
 
-def training_hash(config) -> str:
-  """Hash of what determines the training numbers (not logging/ckpt)."""
+# Data fields that reach training by another hash: the data stage's through
+# the corpus and tokenizer hashes (`DataBundle.hashes`), prefix_len through
+# routing (the shards' hashes); prefetch not at all.
+_DATA_NOT_HASHED = (*prepare.DATA_STAGE_FIELDS, "prefix_len", "prefetch")
+
+
+def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
+  """What determines a run's training numbers beyond its inputs (data,
+  shards, initial model), whose own hashes the checkpoints carry too; as
+  JSON values (tuples become lists)."""
   keep = config.to_dict()
   # Routing and evaluation reach training only through the shards, whose
   # own hashes are checked; `base` only through the base run's own config.
@@ -33,9 +70,36 @@ def training_hash(config) -> str:
     keep.pop(section, None)
   keep["train"] = {k: v for k, v in keep["train"].items()
                    if k not in ("log_every", "eval_batch_size")}
-  keep["data"] = {k: v for k, v in keep["data"].items() if k != "prefetch"}
-  return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()
+  keep["data"] = {k: v for k, v in keep["data"].items()
+                  if k not in data_not_hashed}
+  return json.loads(json.dumps(keep, sort_keys=True, default=str))
+
+
+def _hash(fields: dict) -> str:
+  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()
                         ).hexdigest()[:16]
+
+
+def training_hash(config) -> str:
+  """Hash of `training_fields` (not logging, checkpoints or inputs)."""
+  return _hash(training_fields(config))
+
+
+def legacy_training_hash(config) -> str:
+  """`training_hash` as it was before the data stage's fields were left
+  out (they are in the data hashes): checkpoints made then carry it."""
+  return _hash(training_fields(config, data_not_hashed=("prefetch",)))
+
+
+def config_hash_of_run(run_dir, config) -> str:
+  """The config hash a run's checkpoints must carry: `training_hash`, or
+  the legacy one where the checkpoints have it. The legacy hash covers the
+  same fields and more, so a match means the same settings: the run is
+  resumed or reused, not retrained, and the runs that start from it keep
+  their `init` hash."""
+  new, legacy = training_hash(config), legacy_training_hash(config)
+  stored = checkpoint_hashes(run_dir) or {}
+  return legacy if stored.get("config") == legacy != new else new
 
 
 def derive_config(config, **overrides):
@@ -48,9 +112,19 @@ def derive_config(config, **overrides):
   return out
 
 
+# A run with one worker and no outer step (H = 0) never reads the outer
+# optimizer's settings: they are set to the defaults, so that changing them
+# for the DiPaCo/DiLoCo runs leaves the base and dense runs' hashes and
+# checkpoints alone. Reset in the config, not only left out of the hash:
+# the checkpoint holds the outer optimizer's (unused) state, whose shape
+# depends on the optimizer.
+_NO_OUTER_STEP = {f"diloco.{k}": v
+                  for k, v in config_base.base_config().diloco.items()
+                  if k != "inner_steps"}
 _DENSE = {"paths.shape": "1", "paths.num_replicas": 1,
           "paths.private_layers": "", "paths.layers_per_level": "",
-          "paths.private_embedding": False, "diloco.inner_steps": 0}
+          "paths.private_embedding": False, "diloco.inner_steps": 0,
+          **_NO_OUTER_STEP}
 
 
 def base_config_of(config):
@@ -72,11 +146,206 @@ def dense_config_of(config):
       "train.num_steps": path_steps(config)})
 
 
+def discriminative_config_of(config):
+  """The discriminative phase: the paths trained again on new shards."""
+  return derive_config(config, **{
+      "train.num_steps": config.routing.discriminative_steps})
+
+
+def _plan(config) -> list[tuple[str, object, str | None]]:
+  """(run name, config, the run it starts from or None) of every training
+  run that `pipeline.run` makes for `config` (kept in step with it)."""
+  # Imported here: dense_scaling imports this module.
+  from dipaco_jax.stages import dense_scaling  # pylint: disable=g-import-not-at-top
+  base = "base" if config.base.num_steps > 0 else None
+  runs = [("base", base_config_of(config), None)] if base else []
+  if paths_lib.topology_from_config(config).num_paths == 1:
+    return runs + [("main", config, base)]
+  runs.append(("dipaco", config, base))
+  if config.routing.discriminative_steps > 0:
+    runs.append(("dipaco_discriminative", discriminative_config_of(config),
+                 "dipaco"))
+  runs.append(("dense", dense_config_of(config), base))
+  runs += [(spec.name, spec.config, base if spec.role == "same_flops"
+            else None) for spec in dense_scaling.specs(config)]
+  return runs
+
+
+def planned_runs(config) -> dict:
+  """Run name (`runs/NAME`) -> config of every training run of `config`."""
+  return {name: cfg for name, cfg, _ in _plan(config)}
+
+
+# --- Run directories that already have checkpoints --------------------------
+
+
+def has_checkpoints(run_dir) -> bool:
+  """Whether `run_dir` holds a committed checkpoint step (orbax names a
+  step's directory by its number once committed)."""
+  directory = epath.Path(run_dir) / "checkpoints"
+  return directory.is_dir() and any(p.name.isdigit()
+                                    for p in directory.iterdir())
+
+
+def checkpoint_hashes(run_dir) -> dict | None:
+  """The hashes in the newest readable checkpoint of `run_dir` (None if
+  none): its meta item alone, without the state."""
+  if not has_checkpoints(run_dir):
+    return None
+  manager = ocp.CheckpointManager(
+      epath.Path(run_dir) / "checkpoints",
+      options=ocp.CheckpointManagerOptions(create=False),
+      item_names=("meta",))
+  try:
+    for step in sorted(manager.all_steps(), reverse=True):
+      try:
+        meta = manager.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore()))["meta"]
+      except Exception:  # pylint: disable=broad-exception-caught
+        continue  # Damaged: the training loop reports it and falls back.
+      return dict(meta.get("hashes", {}))
+  finally:
+    manager.close()
+  return None
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _overlay(current: dict, stored: dict) -> dict:
+  """`current` with the values `stored` has for the same fields: fields
+  added to the code since use today's value, removed ones are dropped."""
+  out = {}
+  for k, v in current.items():
+    if k not in stored:
+      out[k] = v
+    elif isinstance(v, dict) and isinstance(stored[k], dict):
+      out[k] = _overlay(v, stored[k])
+    else:
+      out[k] = stored[k]
+  return out
+
+
+def stored_config(config, workdir):
+  """The config the workdir's runs were trained with (its config.json,
+  read onto `config`'s fields), or None if there is none."""
+  path = epath.Path(workdir) / "config.json"
+  if not path.exists():
+    return None
+  try:
+    stored = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+  return ml_collections.ConfigDict(_overlay(config.to_dict(), stored))
+
+
+def changed_fields(before, after) -> list[str]:
+  """'inner_opt.learning_rate: 0.003 -> 0.001' for each training field of
+  a run that differs between two configs."""
+  old, new = _flat(training_fields(before)), _flat(training_fields(after))
+  return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}"
+          for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+
+
+def _made_with(run_dir, config) -> bool:
+  """Whether the run's checkpoints carry `config`'s hash: then they are
+  this config's, whatever config.json says (a job before this check wrote
+  config.json, then refused)."""
+  stored = (checkpoint_hashes(run_dir) or {}).get("config")
+  return stored in (training_hash(config), legacy_training_hash(config))
+
+
+def check_workdir(config, workdir) -> None:
+  """Refuses a job whose runs already have checkpoints trained under other
+  settings (module docstring); reads only, so call it before any write.
+
+  Raises:
+    ckpt_lib.CheckpointMismatchError: naming each such run, the fields
+      that changed and the ways out.
+  """
+  before = stored_config(config, workdir)
+  if before is None:
+    return  # Nothing to compare with: stale checkpoints are moved aside.
+  try:
+    runs_before = planned_runs(before)
+  except Exception:  # pylint: disable=broad-exception-caught
+    return  # A config.json this code cannot read as a config: as above.
+  runs_dir = epath.Path(workdir) / "runs"
+  plan = _plan(config)
+  planned = {name: cfg for name, cfg, _ in plan}
+  trained = [n for n in planned if has_checkpoints(runs_dir / n)]
+  changed = {}
+  for name in trained:
+    if name not in runs_before or _made_with(runs_dir / name, planned[name]):
+      continue
+    diff = changed_fields(runs_before[name], planned[name])
+    if diff:
+      changed[name] = diff
+  if changed:
+    # The runs that start from a changed one are retrained with it.
+    retrained = set(changed)
+    for name, _, parent in plan:  # In order: a parent comes first.
+      if parent in retrained:
+        retrained.add(name)
+    delete = [n for n in trained if n in retrained]
+    raise ckpt_lib.CheckpointMismatchError(
+        f"{workdir} has checkpoints trained with other settings (those of "
+        "its config.json):\n" + "\n".join(
+            f"runs/{n}: " + "; ".join(d) + "." for n, d in changed.items())
+        + "\nNothing was written. Use a fresh --workdir, put the old values "
+        "back, or delete " + ", ".join(f"runs/{n}" for n in delete)
+        + " to train again with the new values.")
+
+
+_INPUT_NAMES = {"config": "settings", "corpus": "corpus",
+                "tokenizer": "tokenizer", "init": "initial model"}
+
+
+def retire_if_stale(run_dir, hashes: dict, ignore=()) -> epath.Path | None:
+  """Moves `run_dir` aside to `NAME.stale-<hash>` when its checkpoints were
+  made under other `hashes` (keys in `ignore` not compared); returns the
+  new place, or None if nothing moved. On process 0 alone."""
+  run_dir = epath.Path(run_dir)
+
+  def retire():
+    stored = checkpoint_hashes(run_dir)
+    if stored is None:
+      return None
+    changed = sorted(k for k, v in hashes.items()
+                     if k not in ignore and stored.get(k) != v)
+    if not changed:
+      return None
+    tag = hashlib.sha256(json.dumps(stored, sort_keys=True).encode()
+                         ).hexdigest()[:8]
+    target = run_dir.parent / f"{run_dir.name}.stale-{tag}"
+    n = 1
+    while target.exists():
+      n += 1
+      target = run_dir.parent / f"{run_dir.name}.stale-{tag}-{n}"
+    if multihost.is_writer():
+      run_dir.rename(target)
+    what = ", ".join(_INPUT_NAMES.get(k, k.replace("shards_", "shard "))
+                     for k in changed)
+    print(f"[{run_dir.name}] its inputs changed since its checkpoints "
+          f"({what}): moved it to {target}; training it again.", flush=True)
+    return target
+  return multihost.first_on_writer(retire, f"stale {run_dir.name}")
+
+
 class Experiment:
   """One training run: a topology, its shards, its run directory."""
 
   def __init__(self, config, data: prepare.DataBundle, workdir, name: str,
-               shard_dir, manifest: dict):
+               shard_dir, manifest: dict, init_from=None):
+    """`init_from`: the experiment the initial bank comes from, if known
+    now (else given to `train`)."""
     self.config, self.data, self.name = config, data, name
     self.run_dir = epath.Path(workdir) / "runs" / name
     self.topology = paths_lib.topology_from_config(config)
@@ -90,12 +359,30 @@ class Experiment:
     self.mesh = mesh_lib.make_mesh(config)
     self.runtime = state_lib.Runtime(config, self.topology, self.dims,
                                      self.mesh, self.weights_W)
-    self.hashes = {"config": training_hash(config), **data.hashes,
+    self.hashes = {"config": config_hash_of_run(self.run_dir, config),
+                   **data.hashes,
                    **{f"shards_{k}": v for k, v in manifest["hashes"].items()
                       if k not in data.hashes}}
+    # Checkpoints of other inputs are moved aside now, before anything
+    # (early stopping) reads the run directory. The initial model is known
+    # here only if given; else `train` checks it.
+    self._set_init(init_from)
+    retire_if_stale(self.run_dir, self.hashes,
+                    ignore=() if init_from is not None else ("init",))
     # Each run reads its shards in its own order: a run forked from the
     # base must not replay the base's batches.
     self.data_seed = zlib.crc32(f"{config.seed}/{name}".encode())
+    # `islands.launcher.IslandOptions`: train a multi-worker run as separate
+    # worker / executor / coordinator processes instead of one program.
+    self.islands = None
+    # Bytes the island roles wrote to and read from the store (measured),
+    # set by the island launcher: {"per_role", "per_round", "total"}.
+    self.store_bytes = None
+
+  def _set_init(self, init_from) -> None:
+    if init_from is not None:
+      self.hashes["init"] = hashlib.sha256(json.dumps(
+          init_from.hashes, sort_keys=True).encode()).hexdigest()[:16]
 
   @property
   def model(self):
@@ -112,11 +399,19 @@ class Experiment:
             init_from=None) -> loop.TrainResult:
     """Trains (or resumes); `init_from` is the experiment `init_bank` came
     from, whose hashes the checkpoints then carry too."""
-    if init_from is not None:
-      self.hashes["init"] = hashlib.sha256(json.dumps(
-          init_from.hashes, sort_keys=True).encode()).hexdigest()[:16]
-    print(f"[{self.name}] {self.topology.describe()}\n[{self.name}] mesh "
-          f"{mesh_lib.describe(self.mesh)}", flush=True)
+    if init_from is not None and "init" not in self.hashes:
+      self._set_init(init_from)
+      if not after_outer_step:
+        # A callback (early stopping) may have read the run directory
+        # already; then the loop refuses the checkpoint instead.
+        retire_if_stale(self.run_dir, self.hashes)
+    print(f"[{self.name}] {self.topology.describe()}", flush=True)
+    if self.islands is not None and self.topology.num_workers > 1:
+      # Imported here: the island runtime builds on this module.
+      from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
+      return launcher.train_experiment(self, self.islands, init_bank,
+                                       after_outer_step)
+    print(f"[{self.name}] mesh {mesh_lib.describe(self.mesh)}", flush=True)
     return loop.train(self.runtime, self.batches(), str(self.run_dir),
                       self.hashes, self.name, init_bank=init_bank,
                       after_outer_step=after_outer_step)
@@ -138,7 +433,10 @@ class Experiment:
     return bank_lib.bank_path(self.host_bank(state), self.topology, path)
 
   def bytes_communicated(self) -> int:
-    """Outer syncs x workers x (module deltas up + parameters down), f32."""
+    """Outer syncs x workers x (module deltas up + parameters down), f32;
+    on islands, what the roles wrote to and read from the store."""
+    if self.store_bytes is not None:
+      return int(self.store_bytes["total"])
     h = self.config.diloco.inner_steps
     if not h or self.topology.num_workers == 1:
       return 0

@@ -1,5 +1,5 @@
-"""Checkpoints of the SPMD runtime: a thin wrapper over orbax
-`CheckpointManager`.
+"""Checkpoints of the SPMD runtime: orbax `CheckpointManager`, verified on
+read, with fallback to an older checkpoint.
 
 A checkpoint holds the whole training state as separate orbax items, the
 same parts the island runtime saves per worker and per module
@@ -9,31 +9,92 @@ same parts the island runtime saves per worker and per module
 and shards it belongs to (DESIGN invariant 4). Restoring under different
 hashes is an error, never a silent mix. Paths may be local or `gs://`
 (etils.epath); orbax commits each step atomically.
+
+Integrity. Orbax does not notice a flipped bit in an array file, and a
+truncated or half-overwritten file fails deep inside tensorstore. So every
+save also writes the sha256 of each saved array (keyed by its tree path,
+`jax.tree_util.keystr`) and of the meta item, in a sidecar
+`checkpoints/checksums/{step}.json`:
+
+* The digests are hashed from the host copy of the state being saved, on a
+  background thread, so the async save stays async. The sidecar is written
+  by orbax's post-finalization callback: after every item of the step is
+  on disk but BEFORE orbax commits the step (renames it to its final name /
+  writes its commit marker). So a committed step always has its sidecar; a
+  sidecar of a step that never committed is ignored and overwritten. This
+  is why the sidecar lives beside the step directory (which does not exist
+  under its final name yet when the callback runs) and not in `meta` (which
+  would have to wait for the hashes before the save could start). Without
+  async saves, it is written before the (blocking) orbax save.
+* `restore_latest` tries the kept steps newest first. A step is damaged
+  when orbax/tensorstore fails to read it (truncated or overwritten file,
+  deleted metadata), when a recomputed digest differs, or when its sidecar
+  is missing or unreadable (incomplete: it cannot be verified). Each damaged
+  step is reported in one line, moved to `checkpoints/damaged/`, and the
+  next older one is tried; a damaged state is never returned. A checkpoint
+  of a different run (`CheckpointMismatchError`) is never a reason to fall
+  back: it is raised at once.
 """
+
+import concurrent.futures
+import hashlib
+import json
+import re
 
 from absl import logging
 from etils import epath
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
+from dipaco_jax.parallel import multihost
+from dipaco_jax.store import atomic
+
 STATE_ITEMS = ("inner", "outer")
+# How tensorstore's errors start ("DATA_LOSS: ...", "OUT_OF_RANGE: ...").
+_STATUS_CODE = re.compile(r"[A-Z][A-Z_]+: ")
+CHECKSUMS_DIR = "checksums"
+DAMAGED_DIR = "damaged"
 
 
 class CheckpointMismatchError(RuntimeError):
   """The checkpoint belongs to another config, tokenizer or data."""
 
 
+class CheckpointDamagedError(RuntimeError):
+  """No kept checkpoint could be read back intact."""
+
+
+class _Damaged(CheckpointDamagedError):
+  """One step failed verification; `reason` says where and how. `kind` is
+  "damaged", or "incomplete" when it has no checksums to verify it by."""
+
+  def __init__(self, reason: str, kind: str = "damaged"):
+    super().__init__(reason)
+    self.reason, self.kind = reason, kind
+
+
 class Checkpointer:
-  """Periodic and final saves, resume from the latest."""
+  """Periodic and final saves, resume from the newest intact one."""
 
   def __init__(self, directory: str, every: int, keep: int,
                async_save: bool = True):
     self.directory = epath.Path(directory)
     self.every = every
+    self._async = async_save
+    # (step, future of its digests) of the save orbax is finishing; read by
+    # the post-finalization callback on orbax's thread.
+    self._pending = None
+    self._hasher = concurrent.futures.ThreadPoolExecutor(
+        1, thread_name_prefix="ckpt-digests")
+    # Orbax only accepts a post-finalization callback with async saves.
+    async_options = (ocp.AsyncOptions(
+        post_finalization_callback=self._on_finalized)
+                     if async_save else None)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True,
-        enable_async_checkpointing=async_save)
+        enable_async_checkpointing=async_save, async_options=async_options)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_names=STATE_ITEMS + ("meta",))
@@ -44,34 +105,263 @@ class Checkpointer:
   def should_save(self, step: int, last_step: int) -> bool:
     return step == last_step or (self.every > 0 and step % self.every == 0)
 
+  # Saving.
+
   def save(self, step: int, state, meta: dict) -> None:
+    # The previous save's callback reads `_pending`: let it finish first
+    # (orbax's own save would wait for it anyway).
+    self.manager.wait_until_finished()
+    if not self.manager.should_save(step):
+      return  # Orbax would skip it too; never rewrite a kept step's sums.
+    meta = {**meta, "step": step}
+    # A collective with several processes: every process takes part; only
+    # the writer hashes (on a thread: the save stays async) and writes.
+    host = multihost.to_host({name: state[name] for name in STATE_ITEMS})
+    digests = (self._hasher.submit(_all_digests, host, meta)
+               if multihost.is_writer() else None)
+    if self._async:
+      self._pending = (step, digests)
+    else:
+      self._write_checksums(step, digests)
     items = {name: ocp.args.StandardSave(state[name]) for name in STATE_ITEMS}
     self.manager.save(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonSave({**meta, "step": step}), **items))
+        meta=ocp.args.JsonSave(meta), **items))
+    if not self._async:
+      self._prune_checksums()  # Orbax has deleted the oldest steps.
+
+  def _on_finalized(self) -> None:
+    """Orbax's thread, once the pending step's items are written and before
+    it is committed: its sidecar must exist before the step does."""
+    if self._pending is None:
+      return
+    step, digests = self._pending
+    self._pending = None
+    self._write_checksums(step, digests)
+    self._prune_checksums(keep={step})
+
+  def _write_checksums(self, step: int, digests) -> None:
+    if digests is not None:  # The writer's future.
+      atomic.write_json(self._checksums_path(step), digests.result())
+
+  def _prune_checksums(self, keep=frozenset()) -> None:
+    """Drops the sidecars of steps orbax has deleted (max_to_keep)."""
+    sums = self.directory / CHECKSUMS_DIR
+    if not multihost.is_writer() or not sums.exists():
+      return
+    steps = {int(p.name) for p in self.directory.iterdir()
+             if p.name.isdigit()}
+    for path in sums.glob("*.json"):
+      if path.stem.isdigit() and int(path.stem) not in steps | set(keep):
+        path.unlink()
+
+  def _checksums_path(self, step: int) -> epath.Path:
+    return self.directory / CHECKSUMS_DIR / f"{step}.json"
+
+  # Restoring.
+
+  def restore_latest(self, abstract_state, expected_hashes: dict):
+    """The newest intact checkpoint, as `(state, meta, step)`; None when
+    there is none at all.
+
+    Damaged steps are reported, moved to `checkpoints/damaged/` and skipped.
+    Raises CheckpointMismatchError for a checkpoint of another run, and
+    CheckpointDamagedError when every kept step is damaged.
+    """
+    damaged, skipped = [], []
+    try:
+      for step in sorted(self.manager.all_steps(), reverse=True):
+        try:
+          state, meta = self.restore(step, abstract_state, expected_hashes)
+        except _Damaged as e:
+          _say(f"[ckpt] checkpoint step {step} is {e.kind} ({e.reason}): "
+               "falling back")
+          damaged.append(step)
+          skipped.append(f"step {step} {e.kind}")
+          continue
+        if damaged:
+          _say(f"[ckpt] restored step {step} (newest intact; "
+               f"{', '.join(skipped)})")
+        return state, meta, step
+    finally:
+      self._set_aside(damaged)
+    if not damaged:
+      return None
+    raise CheckpointDamagedError(
+        f"No intact checkpoint in {self.directory} (damaged: step "
+        f"{', '.join(map(str, damaged))}; moved to "
+        f"{self.directory / DAMAGED_DIR}); delete {self.directory} or use a "
+        "fresh --workdir to train from scratch.")
 
   def restore(self, step: int, abstract_state, expected_hashes: dict):
-    """Restores `step` into the shardings of `abstract_state`."""
-    meta = self.manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore()))["meta"]
+    """Restores `step` into the shardings of `abstract_state`, verified
+    against its digests; raises CheckpointDamagedError when it is not
+    intact."""
+    where = self.directory / str(step)
+    meta = self._read(step, "meta", ocp.args.JsonRestore(), where)
+    sums = self._read_checksums(step)
+    _check_digest(meta_digest(meta), sums.get("meta"),
+                  f"meta: digest mismatch; file {where / 'meta'}")
     if "step" not in meta:
       raise CheckpointMismatchError(
-          f"The checkpoint {self.directory}/{step} has the state layout of "
-          "an older dipaco_jax (one 'state' item); use a fresh --workdir.")
-    check_hashes(meta.get("hashes", {}), expected_hashes,
-                 f"{self.directory}/{step}")
-    restored = self.manager.restore(step, args=ocp.args.Composite(**{
-        name: ocp.args.StandardRestore(abstract_state[name])
-        for name in STATE_ITEMS}))
-    step_sharding = abstract_state["step"].sharding
-    state = {name: restored[name] for name in STATE_ITEMS}
+          f"The checkpoint {where} has the state layout of an older "
+          "dipaco_jax (one 'state' item); use a fresh --workdir.")
+    check_hashes(meta.get("hashes", {}), expected_hashes, str(where))
+    state = {}
+    for name in STATE_ITEMS:
+      state[name] = self._read(
+          step, name, ocp.args.StandardRestore(abstract_state[name]), where)
+      _verify_item(name, multihost.to_host(state[name]),
+                   sums.get(name, {}), where / name)
     state["step"] = jax.make_array_from_callback(
-        (), step_sharding, lambda _: np.asarray(meta["step"], np.int32))
+        (), abstract_state["step"].sharding,
+        lambda _: np.asarray(meta["step"], np.int32))
     logging.info("Restored step %d from %s", step, self.directory)
     return state, meta
+
+  def _read(self, step: int, name: str, args, where: epath.Path):
+    """One item of `step`; any failure to read it means damage."""
+    try:
+      restored = self.manager.restore(
+          step, args=ocp.args.Composite(**{name: args}))[name]
+      error = None
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      # Orbax and tensorstore raise many types (ValueError, OSError,
+      # KeyError, json errors...) for a truncated, overwritten or missing
+      # file: all mean this step cannot be trusted.
+      restored, error = None, f"{name}: {_first_line(e)}; in {where / name}"
+    if not _all_agree(error is None):
+      raise _Damaged(error or f"{name}: unreadable on another process")
+    return restored
+
+  def _read_checksums(self, step: int) -> dict:
+    path = self._checksums_path(step)
+    try:
+      sums, error = json.loads(path.read_text()), None
+    except FileNotFoundError:
+      # Orbax commits a step only after its sidecar is written: a missing
+      # one was deleted, or predates checksums. It cannot be verified.
+      sums, error = {}, f"no checksums file {path}"
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      sums, error = {}, f"checksums: {_first_line(e)}; file {path}"
+    if error is None and not isinstance(sums, dict):
+      error = f"checksums: not a JSON object; file {path}"
+    if not _all_agree(error is None):
+      raise _Damaged(error or "checksums unreadable on another process",
+                     "incomplete" if error and error.startswith("no ")
+                     else "damaged")
+    return sums
+
+  def _set_aside(self, steps) -> None:
+    """Moves damaged steps (and their sidecars) to `damaged/`, so that the
+    step list is sane and the same step can be saved again."""
+    if not steps:
+      return
+    if multihost.is_writer():
+      for step in steps:
+        _move_aside(self.directory / str(step),
+                    self.directory / DAMAGED_DIR / str(step))
+        sums = self._checksums_path(step)
+        if sums.exists():
+          _move_aside(sums, self.directory / DAMAGED_DIR / f"{step}.json")
+    multihost.barrier(f"ckpt set aside {steps}")
+    self.manager.reload()  # Orbax caches its list of steps.
 
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+    self._hasher.shutdown()
+    self._prune_checksums()
+
+
+# Digests.
+
+
+def _digest(x) -> str:
+  # The raw bytes, viewed as uint8 so any dtype (bfloat16 too) hashes
+  # without a copy beyond making it contiguous.
+  return hashlib.sha256(
+      np.ascontiguousarray(np.asarray(x)).reshape(-1).view(np.uint8)
+  ).hexdigest()
+
+
+def tree_digests(tree) -> dict[str, str]:
+  """sha256 of each leaf's bytes, keyed by its tree path."""
+  return {jax.tree_util.keystr(path): _digest(leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def meta_digest(meta: dict) -> str:
+  return hashlib.sha256(
+      json.dumps(meta, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _all_digests(host_items: dict, meta: dict) -> dict:
+  sums = {name: tree_digests(tree) for name, tree in host_items.items()}
+  sums["meta"] = meta_digest(meta)
+  return sums
+
+
+def _check_digest(got, want, reason: str) -> None:
+  if got != want:
+    raise _Damaged(reason)
+
+
+def _verify_item(name: str, host_tree, want: dict, where: epath.Path):
+  got = tree_digests(host_tree)
+  bad = sorted(k for k in got.keys() | want.keys()
+               if got.get(k) != want.get(k))
+  if bad:
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    raise _Damaged(f"{name}: digest mismatch in {', '.join(bad[:3])}{more}; "
+                   f"file {where}")
+
+
+# Helpers.
+
+
+def _all_agree(ok: bool) -> bool:
+  """Whether `ok` holds on every process: they must all fall back alike."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def _first_line(e: Exception, limit: int = 300) -> str:
+  """The first line of the most telling error of a chain: orbax wraps
+  tensorstore's, which has a status code and names the file and what is
+  wrong with it; otherwise the outermost."""
+  chain = [e]
+  while len(chain) < 10 and (chain[-1].__cause__ or chain[-1].__context__):
+    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+  lines = [(type(c).__name__, (str(c).strip().splitlines() or [""])[0])
+           for c in chain]
+  coded = [l for l in lines if _STATUS_CODE.match(l[1])]
+  name, line = (coded or lines)[0]
+  line = f"{name}: {line}"
+  return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _move_aside(src: epath.Path, dst: epath.Path) -> None:
+  """Renames `src` to `dst` (or `dst.1`, ... when taken); deletes it where
+  a directory cannot be renamed (some object stores)."""
+  dst.parent.mkdir(parents=True, exist_ok=True)
+  target, n = dst, 0
+  while target.exists():
+    n += 1
+    target = dst.parent / f"{dst.name}.{n}"
+  try:
+    src.rename(target)
+  except OSError as e:
+    logging.warning("Could not move %s aside (%s); deleting it.", src, e)
+    if src.is_dir():
+      src.rmtree()
+    else:
+      src.unlink()
+
+
+def _say(line: str) -> None:
+  if multihost.is_writer():
+    print(line, flush=True)
 
 
 def check_hashes(found: dict, expected: dict, where: str) -> None:

@@ -57,9 +57,12 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   ckpt = ckpt_lib.Checkpointer(str(run_dir / "checkpoints"), c.ckpt.every,
                                c.ckpt.keep, c.ckpt.async_save)
   meta = {"hashes": hashes, "name": name}
-  latest = ckpt.latest_step()
-  if latest is not None:
-    state, _ = ckpt.restore(latest, runtime.abstract_state, hashes)
+  # The newest checkpoint whose digests check out (damaged ones are
+  # reported and set aside); `latest` is the step actually restored.
+  latest = None
+  restored = ckpt.restore_latest(runtime.abstract_state, hashes)
+  if restored is not None:
+    state, _, latest = restored
   elif init_bank is not None:
     state = runtime.state_from_bank(init_bank)
   else:
@@ -84,12 +87,19 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   pending = None  # (step, metrics on device): read one step late.
   last_losses = np.array([])
   window = []  # Losses since the last log line: logged as their mean.
+  # Stops a diverging run before its state is saved (every process alike:
+  # it reads the same gathered losses and global norms).
+  guard = metrics_lib.DivergenceGuard(sync_every, start, state)
 
   def drain(step, device_metrics):
     nonlocal last_losses
     host = multihost.to_host(device_metrics)
     losses_W = np.asarray(host["loss"])
-    metrics_lib.finite_or_raise(step, losses_W)
+    guard.check_losses(step, losses_W)
+    if guard.outer_step_at(step):
+      # `state` holds that outer step by now. Exploded parameters may show
+      # in the loss only steps later: check them before they train on.
+      guard.check_params(step, state)
     last_losses = losses_W
     window.append(losses_W)
     if step % c.train.log_every == 0 or step == num_steps:
@@ -132,11 +142,12 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
           # check the parameters themselves before saving.
           drain(*pending)
           pending = None
-          if not runtime.all_finite(state):
-            raise FloatingPointError(
-                f"Non-finite parameters after step {done}; not saved. "
-                "Lower config.inner_opt.learning_rate.")
+          guard.check_params(done, state)
           ckpt.save(done, state, meta)
+          if writes:  # The figures a resumed or reused run reports.
+            metrics_lib.write_run_summary(run_dir, start, done,
+                                          progress.elapsed(),
+                                          tokens_per_step, last_losses)
       if pending is not None:
         drain(*pending)
   finally:

@@ -1,11 +1,18 @@
-"""Metrics: TensorBoard summaries, `metrics.jsonl`, and progress lines."""
+"""Metrics: TensorBoard summaries, `metrics.jsonl`, progress lines, the
+divergence guard and the run's training figures (`summary.json`)."""
 
+import collections
 import json
 import time
 
 from absl import logging
 from etils import epath
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from dipaco_jax import errors
+from dipaco_jax.store import atomic
 
 
 class MetricWriter:
@@ -78,10 +85,13 @@ class Progress:
           flush=True)
     return {"tokens_per_s": tokens_per_s}
 
+  def elapsed(self) -> float:
+    """Seconds since this process started training (compilation included)."""
+    return time.perf_counter() - self._start_time
+
   def average_tokens_per_s(self, step: int) -> float:
-    seconds = time.perf_counter() - self._start_time
-    return (step - self._start_step) * self.tokens_per_step / max(seconds,
-                                                                  1e-9)
+    return (step - self._start_step) * self.tokens_per_step / max(
+        self.elapsed(), 1e-9)
 
 
 def format_seconds(seconds: float) -> str:
@@ -91,9 +101,180 @@ def format_seconds(seconds: float) -> str:
   return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def finite_or_raise(step: int, losses_W: np.ndarray) -> None:
+# --- Divergence -------------------------------------------------------------
+
+
+class DivergenceError(FloatingPointError, errors.UserError):
+  """Training diverged; the state was not saved. The message names the step
+  and the learning rate to lower."""
+
+
+def blame(step: int, after_outer_step: bool) -> str:
+  """The likely cause of a divergence first seen at `step`, as advice: the
+  outer step when it came right after one (at `step`), else the inner one."""
+  if after_outer_step:
+    return ("Lower config.diloco.outer_lr (diverged right after the outer "
+            f"step at step {step})")
+  return f"Lower config.inner_opt.learning_rate (diverged at step {step})"
+
+
+def _some(values) -> str:
+  """A few numbers for a one-line message (there may be 256 workers)."""
+  values = [float(v) for v in np.ravel(values)]
+  shown = ", ".join(f"{v:.4g}" for v in values[:4])
+  return f"[{shown}{', ...' if len(values) > 4 else ''}]"
+
+
+def finite_or_raise(step: int, losses_W: np.ndarray,
+                    cause: str | None = None) -> None:
+  """Raises `DivergenceError` naming `cause` (default: the inner learning
+  rate) when a loss of step `step` is not finite."""
   if not np.all(np.isfinite(losses_W)):
-    bad = np.flatnonzero(~np.isfinite(losses_W)).tolist()
-    raise FloatingPointError(
-        f"Non-finite loss at step {step} on workers {bad}: {losses_W}. "
-        "Lower config.inner_opt.learning_rate or check the data.")
+    bad = np.flatnonzero(~np.isfinite(losses_W))
+    cause = cause or blame(step, False)
+    raise DivergenceError(
+        f"Non-finite loss at step {step} on workers {_some(bad)[1:-1]}: "
+        f"{_some(np.asarray(losses_W)[bad])}; not saved. {cause}, or check "
+        "the data.")
+
+
+@jax.jit
+def _norm_and_finite(params):
+  leaves = [x.astype(jnp.float32) for x in jax.tree.leaves(params)]
+  norm = jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in leaves))
+  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+  return norm, finite
+
+
+def param_norm(state) -> tuple[float, bool]:
+  """The global L2 norm of the parameters in `state` (every worker's inner
+  copy and, when present, the outer bank), and whether all are finite.
+
+  One jitted reduction: cheap next to a step. Finite parameters above ~1e19
+  overflow the float32 norm to inf, which reads as a jump too.
+  """
+  params = {"inner": state["inner"]["params"]}
+  if "outer" in state:
+    params["outer"] = state["outer"]["params"]
+  norm, finite = _norm_and_finite(params)
+  return float(norm), bool(finite)
+
+
+class DivergenceGuard:
+  """Stops a run whose loss or parameters blow up, before they are saved.
+
+  Losses: every step, each worker's loss is compared with that worker's
+  last `window` losses; more than max(`margin`, `mad_factor` x MAD) nats
+  above their median (MAD: median absolute deviation) trips it, as does a
+  non-finite loss. Parameters: the global norm is checked right after each
+  outer step and before each save; more than `norm_factor` x its value at
+  the previous check (the first: where this process started) trips it.
+  Exploded parameters need not show in the loss first: after
+  `diloco.outer_lr=1e30` the next loss is ln(vocab) (saturated logits,
+  uniform predictions), lower than before, and NaN only a step later.
+
+  Why these thresholds never fire on healthy training: a 3-nat jump is 20x
+  the perplexity, and step-to-step noise of a loss is ~0.1 nats; a median
+  (not a mean or the last value) ignores a single noisy step, and the MAD
+  term widens the band while the loss still falls fast from the random
+  init (a falling loss never trips: the band is above the median). The
+  modest rise right after an outer step (tenths of a nat) stays far
+  inside. No "2x the median" rule: at a loss of 0.1 nats that would fire
+  on a 0.1-nat bump. A healthy run's parameter norm grows slowly (weight
+  decay; RMSNorm scales and embeddings dominate it at init), never 10x
+  between checks.
+  """
+
+  def __init__(self, sync_every: int, start_step: int, state, window=20,
+               margin=3.0, mad_factor=10.0, norm_factor=10.0):
+    self.sync_every = sync_every
+    self.margin, self.mad_factor = margin, mad_factor
+    self.norm_factor = norm_factor
+    self._recent = collections.deque(maxlen=window)  # losses_W per step
+    self._norm_step = start_step
+    self._norm, finite = param_norm(state)
+    if not finite:
+      raise DivergenceError(
+          f"The parameters this run starts from (step {start_step}) are not "
+          "finite: a diverged checkpoint. Use a fresh --workdir, or delete "
+          "that checkpoint and lower the learning rate.")
+
+  def outer_step_at(self, step: int) -> bool:
+    """Whether an outer step ran right after inner step `step`."""
+    return bool(self.sync_every) and step > 0 and step % self.sync_every == 0
+
+  def check_losses(self, step: int, losses_W) -> None:
+    """The losses of step `step`, computed on the parameters after step
+    `step - 1` (and so after the outer step there, if any)."""
+    losses_W = np.asarray(losses_W, np.float64)
+    cause = blame(step - 1, True) if self.outer_step_at(step - 1) else (
+        blame(step, False))
+    finite_or_raise(step, losses_W, cause)
+    if self._recent:
+      recent = np.stack(self._recent)
+      median = np.median(recent, axis=0)
+      mad = np.median(np.abs(recent - median), axis=0)
+      limit = median + np.maximum(self.margin, self.mad_factor * mad)
+      bad = np.flatnonzero(losses_W > limit)
+      if bad.size:
+        raise DivergenceError(
+            f"Loss jumped at step {step} on workers {_some(bad)[1:-1]}: "
+            f"{_some(losses_W[bad])} against a median of "
+            f"{_some(median[bad])} over the previous {len(recent)} steps; "
+            f"not saved. {cause}.")
+    self._recent.append(losses_W)
+
+  def check_params(self, step: int, state) -> None:
+    """`state`, the state after step `step` (and its outer step)."""
+    if step == self._norm_step:
+      return  # This state was checked already.
+    norm, finite = param_norm(state)
+    cause = blame(step, self.outer_step_at(step))
+    if not finite:
+      raise DivergenceError(f"Non-finite parameters after step {step}; not "
+                            f"saved. {cause}.")
+    if not norm <= self.norm_factor * self._norm:  # inf included
+      raise DivergenceError(
+          f"Parameter norm {norm:.3g} after step {step} is more than "
+          f"{self.norm_factor:g}x its {self._norm:.3g} at step "
+          f"{self._norm_step}; not saved. {cause}.")
+    self._norm, self._norm_step = norm, step
+
+
+# --- The run's training figures ---------------------------------------------
+
+SUMMARY = "summary.json"
+
+
+def read_run_summary(run_dir) -> dict | None:
+  path = epath.Path(run_dir) / SUMMARY
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_run_summary(run_dir, start: int, step: int, seconds: float,
+                      tokens_per_step: int, losses_W) -> None:
+  """Saves the run's training figures at `step` in `{run_dir}/summary.json`
+  (at every checkpoint: a resumed run adds to them, a reused one reports
+  them instead of nothing).
+
+  Each process that trained the run is one segment: the steps from where it
+  started (`start`) to its last save, and the seconds since it started
+  (compilation included) at that save. Steps it ran after its last save are
+  redone by the next process, so neither they nor their seconds count.
+  tokens/s = all segments' tokens / all segments' seconds.
+  """
+  previous = read_run_summary(run_dir) or {}
+  # Earlier processes' segments up to where this one resumed; this
+  # process's own segment is replaced at each save.
+  segments = [s for s in previous.get("segments", []) if s["to"] <= start]
+  segments.append({"from": start, "to": step, "seconds": seconds,
+                   "tokens": (step - start) * tokens_per_step})
+  train_seconds = sum(s["seconds"] for s in segments)
+  losses_W = [float(x) for x in np.ravel(losses_W)]
+  atomic.write_json(epath.Path(run_dir) / SUMMARY, {
+      "steps": step, "segments": segments,
+      "train_seconds": train_seconds,
+      "tokens_per_s": sum(s["tokens"] for s in segments) / max(
+          train_seconds, 1e-9),
+      "final_losses": losses_W,
+      "final_loss": float(np.mean(losses_W)) if losses_W else None})

@@ -157,6 +157,14 @@ class Runtime:
         return init(key)
     return run
 
+  def init_bank(self, key):
+    """The initial module bank alone (the outer part of `init_state`, the
+    same numbers), without every worker's copy and AdamW state."""
+    fn = jax.jit(lambda k: self._init_fn(k)["outer"]["params"],
+                 out_shardings=self.bank_shardings)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return fn(key)
+
   def state_from_bank(self, bank):
     """A fresh state whose modules are `bank` (e.g. a pretrained base)."""
     fn = jax.jit(self._state_from_bank, out_shardings=self.state_shardings)

@@ -1,0 +1,56 @@
+r"""The main job with its multi-worker runs trained as islands.
+
+  python -m dipaco_jax.islands --config=experiments/quickstart.py \
+      --workdir=/tmp/dipaco_islands --num_workers=2 [--fake_devices=8] \
+      [--paths_per_task=1] [--num_executors=1]
+
+The same stages as `python -m dipaco_jax.main` (data, base, routing, shards,
+then evaluation and the report, the same results.json), except that every
+run with more than one worker (DiPaCo's paths, DiLoCo's replicas) is trained
+by a coordinator, `--num_workers` worker processes and `--num_executors`
+outer executors started on this machine, which share only the store
+`{workdir}/islands/{run}` (`launcher.py`). Every flag of dipaco_jax.main
+applies; `--fake_devices` is the main process's device count
+(`--worker_fake_devices` each worker's).
+"""
+
+from absl import app
+from absl import flags
+
+from dipaco_jax import cli_errors
+from dipaco_jax import main as main_lib
+
+_NUM_WORKERS = flags.DEFINE_integer(
+    "num_workers", 2, "Worker processes (each takes tasks: one round of "
+    "--paths_per_task paths).", lower_bound=1)
+_PATHS_PER_TASK = flags.DEFINE_integer(
+    "paths_per_task", 1, "Workers (paths x replicas) a task trains at once, "
+    "vmapped in one program.", lower_bound=1)
+_NUM_EXECUTORS = flags.DEFINE_integer(
+    "num_executors", 1, "Outer executor processes (modules are dealt "
+    "round-robin).", lower_bound=1)
+_WORKER_FAKE_DEVICES = flags.DEFINE_integer(
+    "worker_fake_devices", -1, "Fake CPU devices of each worker process; "
+    "-1 = --paths_per_task when --fake_devices is set (one device per path: "
+    "no collectives between a worker's devices, which time out on a busy "
+    "CPU), else none.", lower_bound=-1)
+_LEASE_TIMEOUT = flags.DEFINE_float(
+    "lease_timeout_s", 20.0, "A worker whose heartbeat is this old loses "
+    "its task.", lower_bound=1.0)
+
+
+def main(argv):
+  from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
+  options = launcher.IslandOptions(
+      num_workers=_NUM_WORKERS.value, paths_per_task=_PATHS_PER_TASK.value,
+      num_executors=_NUM_EXECUTORS.value,
+      fake_devices=(_WORKER_FAKE_DEVICES.value
+                    if _WORKER_FAKE_DEVICES.value >= 0 else
+                    _PATHS_PER_TASK.value if flags.FLAGS.fake_devices
+                    else 0),
+      lease_timeout_s=_LEASE_TIMEOUT.value)
+  main_lib.main(argv, islands=options)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli_errors.parse_flags)

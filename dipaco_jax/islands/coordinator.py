@@ -1,0 +1,217 @@
+r"""The coordinator role: tasks, leases, re-queues, all through the store.
+
+  python -m dipaco_jax.islands.coordinator --store=RUN_DIR
+
+A run is a grid of tasks: round r x group g of workers (paths x replicas).
+Task (r, g) is ready when every module g uses is committed at version r
+(its outer step of round r - 1 is done); it is done when its outputs (each
+worker's AdamW state and contributions) are committed. Workers pull: a
+live worker without a task gets the oldest ready one, so a faster worker
+does more tasks and a worker started mid-run simply joins. A worker is live
+while its heartbeat file changes; one silent for `lease_timeout_s` loses
+its task, which goes to another worker (if it was only slow, its late
+writes are the same bytes and the first commit wins).
+
+Nothing lives only in the coordinator's memory: which tasks are done is
+read from the store, the leases it gave are its own `control/assign` files,
+and its counts are in `control/coordinator.json`. A killed coordinator is
+restarted and carries on from those. When every module reaches the last
+version it writes `DONE.json` and stop leases.
+"""
+
+import time
+
+import numpy as np
+
+from dipaco_jax.islands import layout
+from dipaco_jax.store import atomic
+
+
+class Coordinator:
+  """The scheduling state of one run, rebuilt from the store."""
+
+  def __init__(self, run, spec: layout.RunSpec, log=print, clock=None):
+    self.run, self.spec, self.log = run, spec, log
+    self.clock = clock or time.monotonic
+    topology = spec.topology()
+    self.assignment_WxS = topology.assignment_WxS
+    self.slot_names = [s.name for s in topology.slots]
+    self.groups = spec.groups()
+    self.num_rounds = spec.num_rounds
+    # The next round of each group that is not known to be done.
+    self.frontier = [self._first_undone(g) for g in range(len(self.groups))]
+    self.leases = {}  # worker id -> {"seq", "task"} (its assign file)
+    self.seen = {}  # worker id -> (beat, when its beat last changed)
+    self.dead = set()
+    saved = layout.read_json(layout.control(run, "coordinator.json")) or {}
+    self.tasks_done = dict(saved.get("tasks_done", {}))
+    self.requeued = int(saved.get("requeued", 0))
+    self._load_leases()
+
+  # --- The store's view ---------------------------------------------------
+
+  def task_done(self, round_index: int, group: int) -> bool:
+    h = self.spec.inner_steps
+    workers = self.groups[group]
+    return all(layout.committed(layout.inner_dir(
+        self.run, w, (round_index + 1) * h)) for w in workers) and all(
+            layout.committed(layout.contrib_dir(self.run, round_index, w, s))
+            for w in workers for s in self.slot_names)
+
+  def task_ready(self, round_index: int, group: int) -> bool:
+    workers = list(self.groups[group])
+    return all(layout.committed(layout.module_dir(
+        self.run, name, int(e), round_index))
+               for s, name in enumerate(self.slot_names)
+               for e in np.unique(self.assignment_WxS[workers, s]))
+
+  def _first_undone(self, group: int) -> int:
+    r = 0
+    while r < self.num_rounds and self.task_done(r, group):
+      r += 1
+    return r
+
+  def run_done(self) -> bool:
+    return all(layout.committed(layout.module_dir(
+        self.run, name, e, self.num_rounds))
+               for s, name in enumerate(self.slot_names)
+               for e in np.unique(self.assignment_WxS[:, s]))
+
+  def _load_leases(self) -> None:
+    directory = layout.control(self.run, "assign")
+    if directory.exists():
+      for path in directory.iterdir():
+        lease = layout.read_json(path)
+        if lease is not None:
+          self.leases[path.stem] = lease
+
+  # --- Workers --------------------------------------------------------------
+
+  def live_workers(self) -> list[str]:
+    """Workers whose heartbeat changed within the lease timeout (measured
+    on this process's clock, so machines' clocks need not agree)."""
+    now = self.clock()
+    directory = layout.control(self.run, "heartbeat")
+    live = []
+    if not directory.exists():
+      return live
+    for path in sorted(directory.iterdir()):
+      beat = layout.read_json(path)
+      if beat is None:
+        continue
+      worker = path.stem
+      last = self.seen.get(worker)
+      if last is None or last[0] != beat["beat"]:
+        self.seen[worker] = (beat["beat"], now)
+        if worker in self.dead:
+          self.log(f"worker {worker} is back")
+          self.dead.discard(worker)
+      elif now - last[1] > self.spec.lease_timeout_s:
+        if worker not in self.dead:
+          self._declare_dead(worker, now - last[1])
+        continue
+      if worker not in self.dead:
+        live.append(worker)
+    return live
+
+  def _declare_dead(self, worker: str, silent_s: float) -> None:
+    self.dead.add(worker)
+    lease = self.leases.get(worker)
+    task = lease and lease.get("task")
+    if task is not None:
+      self.requeued += 1
+      self.log(f"worker {worker} silent for {silent_s:.0f} s: round "
+               f"{task['round']} workers {task['group']} re-queued")
+      self._write_lease(worker, None)
+    else:
+      self.log(f"worker {worker} silent for {silent_s:.0f} s")
+
+  def _write_lease(self, worker: str, task, stop: bool = False) -> None:
+    seq = self.leases.get(worker, {}).get("seq", -1) + 1
+    lease = {"seq": seq, "task": task, "stop": stop}
+    atomic.write_json(layout.control(self.run, "assign", f"{worker}.json"),
+                      lease, indent=None)
+    self.leases[worker] = lease
+
+  # --- Scheduling ---------------------------------------------------------
+
+  def _advance_frontier(self) -> None:
+    for g in range(len(self.groups)):
+      while (self.frontier[g] < self.num_rounds
+             and self.task_done(self.frontier[g], g)):
+        self.frontier[g] += 1
+
+  def _leased(self, live) -> dict:
+    """{(round, group): worker} of the live workers' unfinished tasks."""
+    out = {}
+    for worker in live:
+      task = self.leases.get(worker, {}).get("task")
+      if task is not None:
+        out[(task["round"], self.groups.index(tuple(task["group"])))] = worker
+    return out
+
+  def tick(self) -> bool:
+    """One scheduling pass; True once the run is done."""
+    live = self.live_workers()
+    self._advance_frontier()
+    # Free the workers whose task is done (counted once, to the holder).
+    for worker in live:
+      task = self.leases.get(worker, {}).get("task")
+      if task is not None and self.task_done(
+          task["round"], self.groups.index(tuple(task["group"]))):
+        self.tasks_done[worker] = self.tasks_done.get(worker, 0) + 1
+        self._write_lease(worker, None)
+    if all(r == self.num_rounds for r in self.frontier) and self.run_done():
+      self._finish(live)
+      return True
+    leased = self._leased(live)
+    pending = sorted((r, g) for g, r in enumerate(self.frontier)
+                     if r < self.num_rounds and (r, g) not in leased
+                     and self.task_ready(r, g))
+    idle = [w for w in live if self.leases.get(w, {}).get("task") is None]
+    for worker, (r, g) in zip(idle, pending):
+      self._write_lease(worker, {"round": r, "group": list(self.groups[g])})
+    self._save_state(live)
+    return False
+
+  def _save_state(self, live) -> None:
+    atomic.write_json(layout.control(self.run, "coordinator.json"), {
+        "tasks_done": self.tasks_done, "requeued": self.requeued,
+        "live": live, "frontier": self.frontier, "time": time.time()},
+                      indent=None)
+
+  def _finish(self, live) -> None:
+    self._save_state(live)
+    atomic.write_json(layout.done_path(self.run), {
+        "tasks_done": self.tasks_done, "requeued": self.requeued,
+        "rounds": self.num_rounds})
+    for worker in self.leases:
+      self._write_lease(worker, None, stop=True)
+    counts = ", ".join(f"{w} {n}" for w, n in sorted(self.tasks_done.items()))
+    self.log(f"done: {self.num_rounds} rounds; tasks per worker: {counts}; "
+             f"{self.requeued} re-queued")
+
+
+def serve(run, poll_s: float = 0.2, timeout_s: float = 24 * 3600.0) -> None:
+  spec = layout.RunSpec.load(run)
+  log = lambda msg: print(f"[coordinator] {msg}", flush=True)
+  coordinator = Coordinator(run, spec, log)
+  deadline = time.monotonic() + timeout_s
+  while not layout.done_path(run).exists():
+    if coordinator.tick():
+      return
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"run not finished in {timeout_s:.0f} s")
+    time.sleep(poll_s)
+
+
+def main(argv=None) -> None:
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--store", required=True, help="the run's directory")
+  args = parser.parse_args(argv)
+  serve(args.store)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,223 @@
+r"""The outer executor role: the outer step of its modules, from the store.
+
+  python -m dipaco_jax.islands.executor --store=RUN_DIR \
+      [--shard=0 --num_shards=1]
+
+Executor i of n owns every n-th module (slot, expert) in a fixed order, so a
+large bank spreads over many executors. For each module, once every user's
+round-r contribution is committed, it loads the module at version r (its
+parameters and outer optimizer state) and those contributions, runs the
+rest of the chain of `diloco.outer` (mix over the module's users, then the
+outer optimizer; nothing re-written here), and commits version r + 1: the
+optimizer state first, the parameters last. A module's step waits only for
+its own users. A killed executor is restarted and carries on from the
+newest committed version of each module; a re-run step writes the same
+bytes.
+
+A module that no worker uses (weight 0 for all) is frozen: version r + 1
+keeps its parameters and momentum, as in the SPMD runtime.
+"""
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.islands import layout
+from dipaco_jax.store import items
+
+
+def _add_expert_axis(tree):
+  """A module as a one-expert slot ([1, ...]); scalar leaves (step counts,
+  shared by a slot's experts) stay scalars, as in `items.module_of`."""
+  return jax.tree.map(lambda x: x if np.ndim(x) == 0 else x[None], tree)
+
+
+def _drop_expert_axis(tree):
+  return jax.tree.map(lambda x: x if np.ndim(x) == 0 else x[0], tree)
+
+
+class ModuleStepper:
+  """The outer step of one module of a slot, jitted once per slot shape."""
+
+  def __init__(self, spec: layout.RunSpec):
+    config = spec.config_dict()
+    self.tx = outer_lib.outer_optimizer(config.diloco)
+    self.rescale = bool(config.diloco.rescale_by_sqrt_users)
+    self.assignment_WxS = spec.topology().assignment_WxS
+    self.weights_W = np.asarray(spec.weights_W, np.float64)
+    self.num_experts = [s.num_experts for s in spec.topology().slots]
+    self._step = jax.jit(self._step_fn, static_argnums=0)
+
+  def mixing(self, slot_index: int, expert: int):
+    """(users, their a[w, e] as [U, 1], weighted users as [1]): Eq. (2)
+    over the whole assignment, cut to this module."""
+    column_Wx1 = self.assignment_WxS[:, [slot_index]]
+    k = [self.num_experts[slot_index]]
+    a_WxK = outer_lib.mixing_matrices(column_Wx1, self.weights_W, k)[0]
+    users_K = outer_lib.users_per_module(column_Wx1, self.weights_W, k)[0]
+    users = layout.users_of(self.assignment_WxS, slot_index, expert)
+    return (users, np.asarray(a_WxK)[users][:, expert:expert + 1],
+            np.asarray(users_K)[expert:expert + 1])
+
+  def _step_fn(self, slot: str, params, opt_state, contribs_U, a_Ux1,
+               users_1):
+    deltas = outer_lib.mix({slot: contribs_U}, [slot], [a_Ux1], [users_1],
+                           self.rescale)
+    bank, state = outer_lib.optimize(
+        self.tx, {slot: _add_expert_axis(params)},
+        {slot: _add_expert_axis(opt_state)}, deltas, {slot: users_1 > 0})
+    return _drop_expert_axis(bank[slot]), _drop_expert_axis(state[slot])
+
+  def __call__(self, slot, params, opt_state, contribs_U, a_Ux1, users_1):
+    return self._step(slot, params, opt_state, contribs_U,
+                      jnp.asarray(a_Ux1, jnp.float32),
+                      jnp.asarray(users_1, jnp.float32))
+
+
+class Executor:
+  """Outer steps of the modules `modules` [(slot index, expert)]."""
+
+  def __init__(self, run, spec: layout.RunSpec, modules, role_id: str,
+               log=print):
+    self.run, self.spec, self.log = run, spec, log
+    self.slot_names = [s.name for s in spec.topology().slots]
+    self.modules = list(modules)
+    self.stepper = ModuleStepper(spec)
+    self.meter = layout.ByteMeter(run, role_id)
+    self.next_version = {m: self._first_missing(m) for m in self.modules}
+
+  def _first_missing(self, module) -> int:
+    s, e = module
+    version = 0
+    while layout.committed(layout.module_dir(self.run, self.slot_names[s],
+                                             e, version + 1)):
+      version += 1
+    return version + 1
+
+  def ready(self, module, round_index: int) -> bool:
+    s, e = module
+    users = layout.users_of(self.stepper.assignment_WxS, s, e)
+    return all(layout.committed(layout.contrib_dir(
+        self.run, round_index, int(w), self.slot_names[s])) for w in users)
+
+  def step(self, module, round_index: int, likes) -> None:
+    """Version r + 1 of `module` from version r and round r's
+    contributions."""
+    s, e = module
+    name, r = self.slot_names[s], round_index
+    params_like, opt_like = likes
+    key = layout.module_dir(self.run, name, e, r)
+    params, _ = items.load_tree(key, params_like)
+    self.meter.add("read", r, key)
+    key = layout.outer_state_dir(self.run, name, e, r)
+    opt_state, _ = items.load_tree(key, opt_like)
+    self.meter.add("read", r, key)
+    users, a_Ux1, users_1 = self.stepper.mixing(s, e)
+    rows = []
+    for w in users:
+      key = layout.contrib_dir(self.run, r, int(w), name)
+      tree, _ = items.load_tree(key, params_like)
+      self.meter.add("read", r, key)
+      rows.append(tree)
+    contribs_U = (jax.tree.map(lambda *x: np.stack(x), *rows) if rows else
+                  jax.tree.map(lambda x: np.zeros((0,) + x.shape, x.dtype),
+                               params_like))
+    params, opt_state = jax.device_get(self.stepper(
+        name, params, opt_state, contribs_U, a_Ux1, users_1))
+    meta = {"round": r, "users": [int(w) for w in users]}
+    key = layout.outer_state_dir(self.run, name, e, r + 1)
+    items.save_tree(key, opt_state, meta)
+    self.meter.add("written", r, key)
+    key = layout.module_dir(self.run, name, e, r + 1)
+    items.save_tree(key, params, meta)
+    self.meter.add("written", r, key)
+    self.meter.flush()
+
+  def finished(self) -> bool:
+    return all(v > self.spec.num_rounds for v in self.next_version.values())
+
+  def poll(self, likes_of) -> int:
+    """Steps every module whose next round is complete; returns how many."""
+    stepped = 0
+    for module in self.modules:
+      version = self.next_version[module]
+      if version > self.spec.num_rounds or not self.ready(module,
+                                                          version - 1):
+        continue
+      self.step(module, version - 1, likes_of(module))
+      self.next_version[module] += 1
+      stepped += 1
+    return stepped
+
+
+def module_likes(spec: layout.RunSpec):
+  """`likes_of(module) -> (params_like, opt_state_like)`: host restore
+  targets of a module's parameters and outer optimizer state, from the
+  model's shapes (no device work)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.model import layers  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.model import transformer  # pylint: disable=g-import-not-at-top
+  config = spec.config_dict()
+  topology = spec.topology()
+  model = transformer.build_model(
+      layers.dims_from_config(config.model, spec.vocab_size), topology)
+  path = jax.eval_shape(model.init, jax.random.key(0),
+                        jnp.zeros((1, 8), jnp.int32))["params"]
+  path = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                      nn.unbox(path))
+  tx = outer_lib.outer_optimizer(config.diloco)
+  slot_names = [s.name for s in topology.slots]
+
+  @functools.lru_cache(maxsize=None)
+  def of_slot(s: int):
+    params = path[slot_names[s]]
+    opt = jax.eval_shape(tx.init, params)
+    return params, jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), opt)
+  return lambda module: of_slot(module[0])
+
+
+def owned_modules(spec: layout.RunSpec, shard: int, num_shards: int):
+  """Executor `shard`'s modules: every `num_shards`-th (slot, expert)."""
+  every = [(s, e) for s, slot in enumerate(spec.topology().slots)
+           for e in range(slot.num_experts)]
+  return every[shard::num_shards]
+
+
+def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
+          timeout_s: float = 24 * 3600.0) -> None:
+  """Applies outer steps until every owned module reaches the last
+  version."""
+  spec = layout.RunSpec.load(run)
+  role = f"executor-{shard}-of-{num_shards}"
+  log = lambda msg: print(f"[{role}] {msg}", flush=True)
+  executor = Executor(run, spec, owned_modules(spec, shard, num_shards),
+                      role, log)
+  likes_of = module_likes(spec)
+  deadline = time.monotonic() + timeout_s
+  while not executor.finished():
+    if executor.poll(likes_of):
+      continue
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"{role}: run not finished in {timeout_s:.0f} s")
+    time.sleep(poll_s)
+  log(f"done: {len(executor.modules)} modules at version "
+      f"{spec.num_rounds}")
+
+
+def main(argv=None) -> None:
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--store", required=True, help="the run's directory")
+  parser.add_argument("--shard", type=int, default=0)
+  parser.add_argument("--num_shards", type=int, default=1)
+  args = parser.parse_args(argv)
+  serve(args.store, args.shard, args.num_shards)
+
+
+if __name__ == "__main__":
+  main()

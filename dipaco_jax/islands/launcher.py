@@ -1,0 +1,272 @@
+"""Runs one multi-worker training run of the main job through islands.
+
+For an `Experiment` (its config, shards, hashes), the launcher writes the
+run's spec and version 0 of every module into the store
+(`{workdir}/islands/{run}`), starts the roles on this machine as OS
+processes whose command lines name them (one coordinator, N workers, the
+executors), restarts any that dies before the run is done (a killed worker
+is back under its own id; the coordinator re-queues its task if it stays
+away), and, once `DONE.json` is committed, reads the final modules back as
+the run's result. Run again on the same store, it finds what is committed
+and carries on.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+from etils import epath
+import jax
+import numpy as np
+
+from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.islands import layout
+from dipaco_jax.store import atomic
+from dipaco_jax.store import items
+from dipaco_jax.train import loop
+
+
+class IslandError(RuntimeError):
+  """The island run cannot finish (a role failed for good)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class IslandOptions:
+  num_workers: int = 2
+  paths_per_task: int = 1
+  num_executors: int = 1
+  fake_devices: int = 0  # Per worker process (CPU only).
+  heartbeat_s: float = 1.0
+  lease_timeout_s: float = 20.0
+  max_restarts: int = 20  # Per role, before the run is given up.
+  slowdown_s: dict = dataclasses.field(default_factory=dict)  # id -> s
+
+
+def role_command(role: str, run, *args: str) -> list[str]:
+  return [sys.executable, "-m", f"dipaco_jax.islands.{role}",
+          f"--store={run}", *args]
+
+
+class Role:
+  """One role process and how to start it again."""
+
+  def __init__(self, name: str, command: list[str], log_path, env):
+    self.name, self.command, self.env = name, command, env
+    self.log_path = epath.Path(log_path)
+    self.restarts = 0
+    self.process = None
+
+  def start(self) -> None:
+    self.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(self.log_path, "a") as log:
+      self.process = subprocess.Popen(
+          self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+          start_new_session=True)
+
+  def stop(self, timeout_s: float = 10.0) -> None:
+    if self.process is not None and self.process.poll() is None:
+      self.process.terminate()
+      try:
+        self.process.wait(timeout=timeout_s)
+      except subprocess.TimeoutExpired:
+        self.process.kill()
+        self.process.wait(timeout=timeout_s)
+
+
+def _role_env() -> dict:
+  env = dict(os.environ)
+  # Roles share this machine's accelerators: none grabs most of the memory.
+  env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  env["PYTHONUNBUFFERED"] = "1"
+  return env
+
+
+def make_roles(run, options: IslandOptions) -> list[Role]:
+  env = _role_env()
+  cpu_env = {**env, "JAX_PLATFORMS": "cpu"}  # Executors: elementwise work.
+  logs = epath.Path(run) / "logs"
+  roles = [Role("coordinator", role_command("coordinator", run),
+                logs / "coordinator.log", cpu_env)]
+  for i in range(options.num_workers):
+    worker_id = f"w{i}"
+    args = [f"--worker_id={worker_id}"]
+    if options.fake_devices:
+      args.append(f"--fake_devices={options.fake_devices}")
+    if options.slowdown_s.get(worker_id):
+      args.append(f"--slowdown_s={options.slowdown_s[worker_id]}")
+    roles.append(Role(f"worker {worker_id}", role_command("worker", run,
+                                                          *args),
+                      logs / f"worker_{worker_id}.log", env))
+  for i in range(options.num_executors):
+    roles.append(Role(f"executor {i}", role_command(
+        "executor", run, f"--shard={i}",
+        f"--num_shards={options.num_executors}"),
+                      logs / f"executor_{i}.log", cpu_env))
+  return roles
+
+
+def write_version_zero(run, runtime, init_bank, seed: int) -> None:
+  """Every module at version 0 (the initial bank and a fresh outer
+  optimizer state), unless already committed."""
+  if init_bank is None:
+    init_bank = runtime.init_bank(jax.random.key(seed))
+  bank = jax.device_get(init_bank)
+  outer = {"params": bank, "opt_state": jax.device_get(
+      outer_lib.init_outer_opt_state(runtime.outer_tx, bank))}
+  for slot in runtime.topology.slots:
+    for e in range(slot.num_experts):
+      module = items.module_of(outer, slot.name, e)
+      meta = {"round": -1, "users": []}
+      items.save_tree(layout.outer_state_dir(run, slot.name, e, 0),
+                      module["opt_state"], meta)
+      items.save_tree(layout.module_dir(run, slot.name, e, 0),
+                      module["params"], meta)
+
+
+def read_final_bank(run, runtime, version: int) -> dict:
+  """The bank {slot: [K, ...]} of every module at `version`."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  path = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                      nn.unbox(runtime.boxed_path_params()))
+  bank = {}
+  for slot in runtime.topology.slots:
+    rows = [items.load_tree(layout.module_dir(run, slot.name, e, version),
+                            path[slot.name])[0]
+            for e in range(slot.num_experts)]
+    bank[slot.name] = jax.tree.map(lambda *x: np.stack(x), *rows)
+  return bank
+
+
+def check_spec(run, spec: layout.RunSpec) -> None:
+  """A store made for other numbers is never continued."""
+  old = layout.read_json(epath.Path(run) / "spec.json")
+  if old is not None and old["hashes"] != spec.hashes:
+    raise IslandError(
+        f"the island store {run} belongs to a different run (hashes "
+        f"{old['hashes']} != {spec.hashes}); remove it or use a fresh "
+        "--workdir")
+
+
+def supervise(run, roles: list[Role], options: IslandOptions, log,
+              poll_s: float = 0.2) -> None:
+  """Starts the roles and keeps them running until DONE.json appears."""
+  for role in roles:
+    role.start()
+  try:
+    while not layout.done_path(run).exists():
+      for role in roles:
+        code = role.process.poll()
+        if code is None or code == 0:
+          continue  # Running, or its part is finished (an executor).
+        failed = layout.control(run, "failed")
+        if failed.exists() and any(failed.iterdir()):
+          reasons = [layout.read_json(p) for p in failed.iterdir()]
+          raise IslandError("; ".join(r["error"] for r in reasons if r))
+        if role.restarts >= options.max_restarts:
+          raise IslandError(
+              f"{role.name} exited {options.max_restarts + 1} times (last "
+              f"status {code}); see {role.log_path}")
+        role.restarts += 1
+        log(f"{role.name} exited (status {code}); restarting it "
+            f"({role.restarts}/{options.max_restarts})")
+        role.start()
+      time.sleep(poll_s)
+  finally:
+    for role in roles:
+      role.stop()
+
+
+def _write_metrics(run, run_dir, spec: layout.RunSpec) -> np.ndarray:
+  """The per-round training loss (mean over workers) into the run's
+  metrics.jsonl; returns the last round's losses [W]."""
+  num_workers = len(spec.weights_W)
+  slot = spec.topology().slots[0].name
+  rows, last_W = [], np.zeros(num_workers)
+  for r in range(spec.num_rounds):
+    loss_W = np.array([items.read_meta(layout.contrib_dir(run, r, w, slot))
+                       ["loss"] for w in range(num_workers)])
+    rows.append({"step": (r + 1) * spec.inner_steps,
+                 "loss": float(loss_W.mean())})
+    last_W = loss_W
+  path = epath.Path(run_dir) / "logs" / "train" / "metrics.jsonl"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+  return last_W
+
+
+def store_bytes(run) -> dict:
+  """Bytes the roles wrote to and read from the store: per role and per
+  round (summed over roles), and in all (written + read: every byte
+  crosses the network once up and once per reader)."""
+  counts = layout.read_byte_counts(run)
+  kinds = ("written", "read")
+  per_role = {role: {k: int(sum(c.get(k, {}).values())) for k in kinds}
+              for role, c in counts.items()}
+  per_round = {}
+  for c in counts.values():
+    for k in kinds:
+      for r, n in c.get(k, {}).items():
+        per_round.setdefault(r, dict.fromkeys(kinds, 0))[k] += int(n)
+  total = sum(v for role in per_role.values() for v in role.values())
+  return {"per_role": per_role,
+          "per_round": dict(sorted(per_round.items(), key=lambda x: int(x[0]))),
+          "total": total}
+
+
+def train_experiment(exp, options: IslandOptions, init_bank=None,
+                     after_outer_step=()) -> loop.TrainResult:
+  """Trains `exp` (a multi-worker `stages.experiment.Experiment`) through
+  islands; returns what the SPMD loop would."""
+  if after_outer_step:
+    raise IslandError(
+        "config.eval.early_stopping: per-path early stopping is not "
+        "available on islands yet; turn it off or use dipaco_jax.main")
+  c = exp.config
+  h = c.diloco.inner_steps
+  if not h or c.train.num_steps % h:
+    raise IslandError(
+        f"config.train.num_steps ({c.train.num_steps}) must be a multiple "
+        f"of config.diloco.inner_steps ({h}) on islands")
+  run = epath.Path(exp.run_dir).parent.parent / "islands" / exp.name
+  spec = layout.RunSpec(
+      name=exp.name, config=layout.config_to_json_dict(c),
+      vocab_size=exp.data.vocab_size, shard_dir=str(exp.shard_dir),
+      data_seed=exp.data_seed, hashes=exp.hashes,
+      weights_W=[float(w) for w in exp.runtime.outer_weights_W],
+      paths_per_task=options.paths_per_task,
+      heartbeat_s=options.heartbeat_s,
+      lease_timeout_s=options.lease_timeout_s)
+  check_spec(run, spec)
+  log = lambda msg: print(f"[{exp.name}] islands: {msg}", flush=True)
+  trained_path = run / "TRAINED.json"
+  if not trained_path.exists():
+    t0 = time.time()
+    write_version_zero(run, exp.runtime, init_bank, c.seed)
+    spec.save(run)
+    log(f"{len(spec.groups())} tasks per round x {spec.num_rounds} rounds, "
+        f"{options.num_workers} workers, {options.num_executors} "
+        f"executors; store {run}")
+    if not layout.done_path(run).exists():
+      supervise(run, make_roles(run, options), options, log)
+    atomic.write_json(trained_path, {"wall_s": time.time() - t0})
+  else:
+    log(f"already trained in {run}; reusing")
+  wall_s = layout.read_json(trained_path)["wall_s"]
+  done = layout.read_json(layout.done_path(run)) or {}
+  log(f"tasks per worker: {done.get('tasks_done')}, "
+      f"{done.get('requeued', 0)} re-queued")
+  exp.store_bytes = store_bytes(run)
+  log(f"store traffic {exp.store_bytes['total'] / 1e6:,.1f} MB (written + "
+      "read, all roles)")
+  bank = read_final_bank(run, exp.runtime, spec.num_rounds)
+  losses_W = _write_metrics(run, exp.run_dir, spec)
+  tokens = (c.train.num_steps * exp.topology.num_workers
+            * c.train.batch_size * c.data.seq_len)
+  state = {"step": np.int32(c.train.num_steps),
+           "outer": {"params": bank}, "inner": None}
+  result = loop.TrainResult(state, c.train.num_steps, None,
+                            tokens / max(wall_s, 1e-9), losses_W)
+  return result

@@ -1,0 +1,197 @@
+"""The store of one island run: its keys, its spec, and byte accounting.
+
+  RUN/spec.json                          what every role needs (RunSpec)
+  RUN/modules/{slot}/{e:05d}/v{n:06d}/   module parameters after n outer steps
+  RUN/outer_state/{slot}/{e:05d}/v{n:06d}/  its outer optimizer state
+  RUN/inner/{w:05d}/s{step:08d}/         worker w's AdamW state at `step`
+  RUN/contrib/r{r:06d}/{w:05d}/{slot}/   worker w's contribution of round r,
+                                         one key per slot (its executors read
+                                         only their own slot)
+  RUN/control/assign/{worker_id}.json    coordinator -> worker: the lease
+  RUN/control/heartbeat/{worker_id}.json worker -> coordinator: alive, task
+  RUN/control/coordinator.json           the coordinator's own heartbeat
+  RUN/control/bytes/{role_id}.json       bytes a role wrote and read, per round
+  RUN/DONE.json                          written by the coordinator last
+
+Array keys are `store.items` trees behind commit markers: a committed key is
+immutable and an uncommitted one is never read, so a role killed anywhere
+loses at most its unfinished write, and re-running a task writes the same
+bytes (the first commit wins). Each control file has exactly one writer,
+which matters on object stores (no atomic rename, no locks).
+
+Version n of a module is the one round n starts from; round r's outer step
+turns version r into r + 1 from the users' round-r contributions. Its
+optimizer state is committed before its parameters, so committed parameters
+mean the whole version is there.
+"""
+
+import dataclasses
+import json
+import time
+
+from etils import epath
+import ml_collections
+import numpy as np
+
+from dipaco_jax import paths as paths_lib
+from dipaco_jax.store import atomic
+from dipaco_jax.store import items
+
+
+def module_dir(run, slot: str, expert: int, version: int) -> epath.Path:
+  return (epath.Path(run) / "modules" / slot / f"{expert:05d}"
+          / f"v{version:06d}")
+
+
+def outer_state_dir(run, slot: str, expert: int, version: int) -> epath.Path:
+  return (epath.Path(run) / "outer_state" / slot / f"{expert:05d}"
+          / f"v{version:06d}")
+
+
+def inner_dir(run, worker: int, step: int) -> epath.Path:
+  return items.inner_dir(run, worker, step)
+
+
+def contrib_dir(run, round_index: int, worker: int, slot: str
+                ) -> epath.Path:
+  return (epath.Path(run) / "contrib" / f"r{round_index:06d}"
+          / f"{worker:05d}" / slot)
+
+
+def control(run, *parts: str) -> epath.Path:
+  return epath.Path(run).joinpath("control", *parts)
+
+
+def done_path(run) -> epath.Path:
+  return epath.Path(run) / "DONE.json"
+
+
+def read_json(path) -> dict | None:
+  """A control file, or None when absent (or caught mid-replace on a store
+  without atomic rename)."""
+  path = epath.Path(path)
+  try:
+    return json.loads(path.read_text())
+  except (FileNotFoundError, json.JSONDecodeError):
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """Everything a role needs to take part in a run, written once."""
+  name: str
+  config: dict  # The run's config (ConfigDict.to_dict, JSON-safe).
+  vocab_size: int
+  shard_dir: str
+  data_seed: int
+  hashes: dict  # What the run's numbers depend on (`Experiment.hashes`).
+  weights_W: list  # The outer step's worker weights.
+  paths_per_task: int  # Workers (paths x replicas) trained by one task.
+  heartbeat_s: float = 1.0
+  lease_timeout_s: float = 20.0
+
+  def config_dict(self) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(self.config)
+    # JSON made the rules' tuples lists; the mesh rules want tuples.
+    c.sharding_rules = tuple(
+        (k, tuple(v) if isinstance(v, list) else v)
+        for k, v in c.sharding_rules)
+    return c
+
+  @property
+  def inner_steps(self) -> int:
+    return int(self.config["diloco"]["inner_steps"])
+
+  @property
+  def num_rounds(self) -> int:
+    return int(self.config["train"]["num_steps"]) // self.inner_steps
+
+  def topology(self) -> paths_lib.Topology:
+    return paths_lib.topology_from_config(self.config_dict())
+
+  def groups(self) -> list[tuple[int, ...]]:
+    """The workers each task trains: consecutive runs of `paths_per_task`."""
+    num_workers = len(self.weights_W)
+    size = self.paths_per_task
+    return [tuple(range(start, min(start + size, num_workers)))
+            for start in range(0, num_workers, size)]
+
+  def save(self, run) -> None:
+    atomic.write_json(epath.Path(run) / "spec.json",
+                      dataclasses.asdict(self))
+
+  @classmethod
+  def load(cls, run, timeout_s: float = 600.0) -> "RunSpec":
+    """The run's spec, waiting (bounded) for the launcher to write it."""
+    path = epath.Path(run) / "spec.json"
+    deadline = time.monotonic() + timeout_s
+    while (spec := read_json(path)) is None:
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"{path} did not appear in {timeout_s:.0f} s; "
+                           "is --store the run's directory?")
+      time.sleep(0.2)
+    return cls(**spec)
+
+
+def config_to_json_dict(config) -> dict:
+  return json.loads(config.to_json_best_effort())
+
+
+def users_of(assignment_WxS: np.ndarray, slot_index: int, expert: int
+             ) -> np.ndarray:
+  """The workers that use expert `expert` of slot `slot_index`."""
+  return np.flatnonzero(assignment_WxS[:, slot_index] == expert)
+
+
+def directory_bytes(directory) -> int:
+  """Bytes of the files under `directory` (what a read or write moved)."""
+  total = 0
+  for path in epath.Path(directory).iterdir():
+    total += directory_bytes(path) if path.is_dir() else path.stat().length
+  return total
+
+
+class ByteMeter:
+  """Bytes a role wrote and read per round, kept in its control file.
+
+  Measured from the store (the sizes of the keys moved), not computed from
+  shapes. A restarted role continues its predecessor's counts.
+  """
+
+  def __init__(self, run, role_id: str):
+    self.path = control(run, "bytes", f"{role_id}.json")
+    self.counts = read_json(self.path) or {"written": {}, "read": {}}
+
+  def add(self, kind: str, round_index: int, directory) -> None:
+    key = str(round_index)
+    self.counts[kind][key] = (self.counts[kind].get(key, 0)
+                              + directory_bytes(directory))
+
+  def flush(self) -> None:
+    atomic.write_json(self.path, self.counts, indent=None)
+
+
+def read_byte_counts(run) -> dict:
+  """{role_id: {"written": {round: bytes}, "read": {...}}} of every role."""
+  directory = control(run, "bytes")
+  if not directory.exists():
+    return {}
+  return {p.stem: read_json(p) or {} for p in sorted(directory.iterdir())
+          if p.suffix == ".json"}
+
+
+def committed(directory) -> bool:
+  return atomic.is_committed(directory)
+
+
+def wait_for(predicate, what: str, timeout_s: float, poll_s: float = 0.1):
+  """Polls `predicate()` until truthy, or raises TimeoutError naming
+  `what`; every wait on the store is bounded."""
+  deadline = time.monotonic() + timeout_s
+  delay = poll_s
+  while not (result := predicate()):
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+    time.sleep(delay)
+    delay = min(delay * 1.5, 1.0)
+  return result

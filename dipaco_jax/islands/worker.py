@@ -1,0 +1,330 @@
+r"""The worker role: runs tasks (one round of a group of paths) from the store.
+
+  python -m dipaco_jax.islands.worker --store=RUN_DIR --worker_id=NAME \
+      [--fake_devices=N] [--slowdown_s=0]
+
+A task (round r, workers g) loads the modules of g's paths at version r and
+each worker's AdamW state at step rH, runs H inner steps of today's jitted,
+vmapped SPMD program over g on this process's devices (batches are the
+same pure function of seed, run, worker and step as in the SPMD runtime),
+then writes each worker's AdamW state at step (r + 1)H and its
+contribution of round r (outer - inner, Eq. 1 of `diloco.outer`, through
+the compressor hook), one key per slot. A task whose keys are all committed
+is not run again, and a re-run writes the same bytes, so a worker killed
+anywhere costs at most its unfinished task.
+
+The worker learns its task from `control/assign/{worker_id}.json` (written
+by the coordinator alone) and reports liveness in
+`control/heartbeat/{worker_id}.json` (written by it alone).
+"""
+
+import dataclasses
+import math
+import os
+import socket
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dipaco_jax.data import batches as batches_lib
+from dipaco_jax.data import shards as shards_lib
+from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.islands import layout
+from dipaco_jax.model import layers
+from dipaco_jax.parallel import mesh as mesh_lib
+from dipaco_jax.store import atomic
+from dipaco_jax.store import items
+from dipaco_jax.train import state as state_lib
+
+# Exit status of a worker whose task cannot succeed on a re-run (diverged,
+# bad data): the launcher stops the run instead of restarting the worker.
+EXIT_PERMANENT = 3
+
+
+class TaskFailed(RuntimeError):
+  """A task that would fail again on any worker."""
+
+
+def _abstract(tree):
+  """Host-array restore targets (no sharding) of `tree`'s leaves."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+class GroupProgram:
+  """The SPMD program of one group size: a Runtime over G workers whose
+  module bank has G rows per slot, so every group of that size (whatever
+  experts it uses) runs the same compiled inner step."""
+
+  def __init__(self, spec: layout.RunSpec, group_size: int):
+    config = spec.config_dict()
+    full = spec.topology()
+    num_devices = jax.device_count()
+    config.unlock()
+    config.mesh.path = math.gcd(config.mesh.path or group_size, group_size,
+                                num_devices)
+    slots = tuple(dataclasses.replace(s, num_experts=group_size)
+                  for s in full.slots)
+    topology = dataclasses.replace(
+        full, level_sizes=(group_size,), num_replicas=1, slots=slots,
+        assignment_WxS=np.tile(np.arange(group_size, dtype=np.int32)[:, None],
+                               (1, len(slots))))
+    dims = layers.dims_from_config(config.model, spec.vocab_size)
+    self.runtime = state_lib.Runtime(config, topology, dims,
+                                     mesh_lib.make_mesh(config),
+                                     np.ones(group_size))
+    boxed = self.runtime.boxed_path_params()
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
+    path = _abstract(nn.unbox(boxed))
+    self.module_like = {s.name: path[s.name] for s in full.slots}
+    worker_opt = self.runtime.abstract_state["inner"]["opt_state"]
+    self.worker_opt_like = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), worker_opt)
+
+
+@dataclasses.dataclass
+class Task:
+  round_index: int
+  group: tuple[int, ...]
+
+
+class TaskRunner:
+  """Runs tasks of one run; keeps compiled programs and shards between
+  tasks."""
+
+  def __init__(self, run, spec: layout.RunSpec, meter: layout.ByteMeter,
+               slowdown_s: float = 0.0, log=print):
+    self.run, self.spec, self.meter = run, spec, meter
+    self.slowdown_s, self.log = slowdown_s, log
+    self.config = spec.config_dict()
+    self.topology = spec.topology()
+    self.slot_names = tuple(s.name for s in self.topology.slots)
+    self._programs: dict[int, GroupProgram] = {}
+    self._batches: dict[tuple[int, ...], batches_lib.StackedBatches] = {}
+
+  def program(self, size: int) -> GroupProgram:
+    if size not in self._programs:
+      self._programs[size] = GroupProgram(self.spec, size)
+    return self._programs[size]
+
+  def batches(self, group) -> batches_lib.StackedBatches:
+    if group not in self._batches:
+      rows = [batches_lib.pack_rows(
+          shards_lib.load_shard(self.spec.shard_dir, w),
+          self.config.data.seq_len) for w in group]
+      self._batches[group] = batches_lib.StackedBatches(
+          rows, self.spec.data_seed, self.config.train.batch_size,
+          stream_ids=group)
+    return self._batches[group]
+
+  def outputs(self, task: Task) -> list:
+    """The keys a finished task has committed."""
+    h = self.spec.inner_steps
+    keys = [layout.inner_dir(self.run, w, (task.round_index + 1) * h)
+            for w in task.group]
+    keys += [layout.contrib_dir(self.run, task.round_index, w, s)
+             for w in task.group for s in self.slot_names]
+    return keys
+
+  def is_done(self, task: Task) -> bool:
+    return all(layout.committed(k) for k in self.outputs(task))
+
+  def _load_bank(self, task: Task, program: GroupProgram):
+    """The group's modules at version r as a bank of G rows per slot (the
+    experts it uses, then padding), and the local assignment [G, S]."""
+    g = len(task.group)
+    assignment_GxS = self.topology.assignment_WxS[list(task.group)]
+    local_GxS = np.zeros_like(assignment_GxS)
+    bank = {}
+    for s, name in enumerate(self.slot_names):
+      experts = np.unique(assignment_GxS[:, s])
+      local_GxS[:, s] = np.searchsorted(experts, assignment_GxS[:, s])
+      rows = []
+      for e in experts:
+        key = layout.module_dir(self.run, name, int(e), task.round_index)
+        tree, _ = items.load_tree(key, program.module_like[name])
+        self.meter.add("read", task.round_index, key)
+        rows.append(tree)
+      rows += [rows[0]] * (g - len(rows))  # Padding rows nobody uses.
+      bank[name] = jax.tree.map(lambda *x: np.stack(x), *rows)
+    return bank, local_GxS.astype(np.int32)
+
+  def _load_inner_opt(self, task: Task, program: GroupProgram, inner_params):
+    runtime = program.runtime
+    if task.round_index == 0:
+      return jax.vmap(runtime.inner_tx.init)(inner_params)
+    step = task.round_index * self.spec.inner_steps
+    rows = []
+    for w in task.group:
+      key = layout.inner_dir(self.run, w, step)
+      tree, _ = items.load_tree(key, program.worker_opt_like)
+      self.meter.add("read", task.round_index, key)
+      rows.append(tree)
+    return jax.tree.map(lambda *x: np.stack(x), *rows)
+
+  def run_task(self, task: Task) -> dict:
+    """Runs `task` unless already done; returns {worker: mean loss}."""
+    if self.is_done(task):
+      self.log(f"round {task.round_index} workers {list(task.group)}: "
+               "already committed")
+      return {}
+    t0 = time.monotonic()
+    program = self.program(len(task.group))
+    runtime = program.runtime
+    bank, local_GxS = self._load_bank(task, program)
+    inner_params = outer_lib.gather_workers(bank, local_GxS, self.slot_names)
+    state = {
+        "step": np.int32(task.round_index * self.spec.inner_steps),
+        "inner": {"params": inner_params,
+                  "opt_state": self._load_inner_opt(task, program,
+                                                    inner_params)},
+        # Passed through the inner step untouched.
+        "outer": {"params": bank,
+                  "opt_state": outer_lib.init_outer_opt_state(
+                      runtime.outer_tx, bank)},
+    }
+    state = jax.device_put(state, runtime.state_shardings)
+    losses = self._inner_steps(task, runtime, state)
+    state, losses_HxG = losses
+    host_bank = bank
+    contribs = outer_lib.contributions(
+        jax.tree.map(jnp.asarray, host_bank), state["inner"]["params"],
+        local_GxS, self.slot_names)
+    sent, _ = outer_lib.identity_compressor(contribs, None)
+    sent = jax.device_get(sent)
+    opt_state = jax.device_get(state["inner"]["opt_state"])
+    loss_G = losses_HxG.mean(axis=0)
+    self._write(task, sent, opt_state, loss_G)
+    self.log(f"round {task.round_index} workers {list(task.group)}: loss "
+             f"{loss_G.mean():.4f}, {time.monotonic() - t0:.1f} s")
+    return {w: float(l) for w, l in zip(task.group, loss_G)}
+
+  def _inner_steps(self, task: Task, runtime, state):
+    h = self.spec.inner_steps
+    batches = self.batches(task.group)
+    losses = []
+    for step in range(task.round_index * h, (task.round_index + 1) * h):
+      state, metrics = runtime.inner_step(
+          state, runtime.worker_rows(batches.batch(step)))
+      losses.append(metrics["loss"])
+      if self.slowdown_s:
+        time.sleep(self.slowdown_s)
+    losses_HxG = np.asarray(jax.device_get(jnp.stack(losses)))
+    if not np.isfinite(losses_HxG).all():
+      raise TaskFailed(
+          f"non-finite loss in round {task.round_index} of workers "
+          f"{list(task.group)}; lower config.inner_opt.learning_rate")
+    return state, losses_HxG
+
+  def _write(self, task: Task, sent, opt_state, loss_G) -> None:
+    r, h = task.round_index, self.spec.inner_steps
+    # AdamW states first: a committed contribution set then implies them.
+    for i, w in enumerate(task.group):
+      key = layout.inner_dir(self.run, w, (r + 1) * h)
+      items.save_tree(key, items.worker_of(opt_state, i),
+                      {"round": r, "worker": w})
+      self.meter.add("written", r, key)
+    for i, w in enumerate(task.group):
+      for name in self.slot_names:
+        key = layout.contrib_dir(self.run, r, w, name)
+        items.save_tree(key, jax.tree.map(lambda x, i=i: x[i], sent[name]),
+                        {"round": r, "worker": w, "loss": float(loss_G[i])})
+        self.meter.add("written", r, key)
+    self.meter.flush()
+
+
+class Heartbeat:
+  """Writes the worker's liveness file every `interval_s` from a thread."""
+
+  def __init__(self, run, worker_id: str, interval_s: float):
+    self.path = layout.control(run, "heartbeat", f"{worker_id}.json")
+    self.interval_s = interval_s
+    self.info = {"worker": worker_id, "pid": os.getpid(),
+                 "host": socket.gethostname(), "beat": 0, "task": None,
+                 "done_seq": -1}
+    self._lock = threading.Lock()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._loop, daemon=True)
+
+  def update(self, **fields) -> None:
+    with self._lock:
+      self.info.update(fields)
+    self.beat()
+
+  def beat(self) -> None:
+    with self._lock:
+      self.info["beat"] += 1
+      self.info["time"] = time.time()
+      info = dict(self.info)
+    atomic.write_json(self.path, info, indent=None)
+
+  def _loop(self):
+    while not self._stop.wait(self.interval_s):
+      self.beat()
+
+  def __enter__(self):
+    self.beat()
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join(timeout=5)
+
+
+def serve(run, worker_id: str, slowdown_s: float = 0.0,
+          poll_s: float = 0.1, max_idle_s: float = 3600.0) -> int:
+  """Takes tasks until the run is done; returns the number run."""
+  spec = layout.RunSpec.load(run)
+  log = lambda msg: print(f"[worker {worker_id}] {msg}", flush=True)
+  meter = layout.ByteMeter(run, f"worker-{worker_id}")
+  runner = TaskRunner(run, spec, meter, slowdown_s, log)
+  assign_path = layout.control(run, "assign", f"{worker_id}.json")
+  done_seq, ran, idle_since = -1, 0, time.monotonic()
+  with Heartbeat(run, worker_id, spec.heartbeat_s) as heartbeat:
+    while not layout.done_path(run).exists():
+      lease = layout.read_json(assign_path)
+      if lease and lease.get("stop"):
+        break
+      if not lease or lease["seq"] == done_seq or lease["task"] is None:
+        if time.monotonic() - idle_since > max_idle_s:
+          raise TimeoutError(f"no task for {max_idle_s:.0f} s")
+        time.sleep(poll_s)
+        continue
+      task = Task(lease["task"]["round"], tuple(lease["task"]["group"]))
+      heartbeat.update(task=lease["task"])
+      runner.run_task(task)
+      ran += 1
+      done_seq = lease["seq"]
+      heartbeat.update(task=None, done_seq=done_seq)
+      idle_since = time.monotonic()
+  log(f"done: {ran} tasks")
+  return ran
+
+
+def main(argv=None) -> None:
+  import argparse  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--store", required=True, help="the run's directory")
+  parser.add_argument("--worker_id",
+                      default=f"{socket.gethostname()}-{os.getpid()}")
+  parser.add_argument("--fake_devices", type=int, default=0)
+  parser.add_argument("--slowdown_s", type=float, default=0.0,
+                      help="sleep after each inner step (tests, demos)")
+  args = parser.parse_args(argv)
+  mesh_lib.setup_fake_devices(args.fake_devices)
+  try:
+    serve(args.store, args.worker_id, args.slowdown_s)
+  except TaskFailed as e:
+    atomic.write_json(layout.control(args.store, "failed",
+                                      f"{args.worker_id}.json"),
+                      {"worker": args.worker_id, "error": str(e)})
+    print(f"[worker {args.worker_id}] error: {e}", file=sys.stderr)
+    sys.exit(EXIT_PERMANENT)
+
+
+if __name__ == "__main__":
+  main()
