@@ -1,0 +1,103 @@
+"""The island runtime as real processes (coordinator, workers, executor) on
+this machine, with `kill -9` of each role during the run: the result equals
+the run without failures, bit for bit."""
+
+import os
+import pathlib
+import random
+import signal
+import threading
+import time
+
+import jax
+import numpy as np
+
+from dipaco_jax.islands import launcher
+from dipaco_jax.islands import layout
+import test_islands
+
+
+def role_pids(run, role: str) -> list[int]:
+  """Processes whose command line is `python -m dipaco_jax.islands.ROLE
+  --store=RUN ...`."""
+  pids = []
+  for proc in pathlib.Path("/proc").iterdir():
+    if not proc.name.isdigit():
+      continue
+    try:
+      argv = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+      continue
+    if (f"dipaco_jax.islands.{role}".encode() in argv
+        and f"--store={run}".encode() in argv):
+      pids.append(int(proc.name))
+  return pids
+
+
+class Chaos(threading.Thread):
+  """SIGKILLs one process of each role in `plan`, in order, every
+  `every_s` seconds once the workers beat, until the run is done."""
+
+  def __init__(self, run, plan, every_s: float, seed: int = 0):
+    super().__init__(daemon=True)
+    self.store, self.plan, self.every_s = run, list(plan), every_s
+    self.rng = random.Random(seed)
+    self.killed = []
+    self.stop = threading.Event()
+
+  def _run_started(self) -> bool:
+    beats = layout.control(self.store, "heartbeat")
+    return beats.exists() and any(beats.iterdir())
+
+  def run(self):
+    while not self._run_started() and not self.stop.wait(0.2):
+      pass
+    for role in self.plan:
+      if self.stop.wait(self.every_s * (0.5 + self.rng.random())):
+        return
+      if layout.done_path(self.store).exists():
+        return
+      pids = role_pids(self.store, role)
+      if pids:
+        os.kill(self.rng.choice(pids), signal.SIGKILL)
+        self.killed.append(role)
+
+
+def _train(tmp_path, name, chaos_plan=()):
+  exp = test_islands._experiment(tmp_path / name, num_steps=16)
+  options = launcher.IslandOptions(num_workers=2, fake_devices=1,
+                                   heartbeat_s=0.5, lease_timeout_s=4.0)
+  run = pathlib.Path(exp.run_dir).parent.parent / "islands" / exp.name
+  chaos = Chaos(run, chaos_plan, every_s=4.0)
+  chaos.start()
+  try:
+    result = launcher.train_experiment(exp, options)
+  finally:
+    chaos.stop.set()
+    chaos.join(timeout=10)
+  return result, chaos.killed, run
+
+
+def test_kills_of_every_role_lose_nothing(tmp_path):
+  calm, _, _ = _train(tmp_path, "calm")
+  plan = ["worker", "worker", "coordinator", "worker", "executor"]
+  stormy, killed, run = _train(tmp_path, "stormy", plan)
+  assert killed == plan, f"the run ended before every kill: {killed}"
+  for a, b in zip(jax.tree.leaves(calm.state["outer"]["params"]),
+                  jax.tree.leaves(stormy.state["outer"]["params"])):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(calm.final_losses_W, stormy.final_losses_W)
+  # Each killed role was started again (the supervisor's log lines are in
+  # the roles' logs directory only as restarts of their processes).
+  assert layout.done_path(run).exists()
+
+
+def test_a_run_already_done_is_read_back_without_starting_roles(tmp_path):
+  first, _, run = _train(tmp_path, "once")
+  started = time.monotonic()
+  again, _, _ = _train(tmp_path, "once")
+  assert time.monotonic() - started < 30
+  assert not role_pids(run, "worker")
+  for a, b in zip(jax.tree.leaves(first.state["outer"]["params"]),
+                  jax.tree.leaves(again.state["outer"]["params"])):
+    np.testing.assert_array_equal(a, b)
