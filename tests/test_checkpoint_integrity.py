@@ -203,7 +203,7 @@ def test_damaged_latest_falls_back(run_dir, damage, capsys):
     (step_dir / "inner" / "_METADATA").unlink()
   elif damage == "meta_metadata_deleted":
     (step_dir / "meta" / "metadata").unlink()
-  elif damage == "checksums_deleted":  # Killed before they were written.
+  elif damage == "checksums_deleted":  # Deleted, or from before checksums.
     sums.unlink()
   elif damage == "checksums_garbled":
     sums.write_text(sums.read_text()[:-10])
@@ -224,6 +224,15 @@ def test_damaged_latest_falls_back(run_dir, damage, capsys):
   assert not (run_dir / "checkpoints" / "6").exists()
   if damage == "array_changed":
     assert f"(outer: digest mismatch in {key}; file " in lines[0]
+
+
+def test_checkpoints_from_before_checksums_load_unverified(run_dir,
+                                                           capsys):
+  # A workdir made by an older dipaco_jax has no checksums/ at all.
+  shutil.rmtree(run_dir / "checkpoints" / "checksums")
+  _, meta, step = _restore_latest(run_dir)
+  assert (step, meta["step"]) == (6, 6)
+  assert "predates checksums" in _lines(capsys)[0]
 
 
 def test_other_run_is_an_error_not_a_fallback(run_dir):

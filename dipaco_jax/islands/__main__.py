@@ -21,8 +21,13 @@ from dipaco_jax import cli_errors
 from dipaco_jax import main as main_lib
 
 _NUM_WORKERS = flags.DEFINE_integer(
-    "num_workers", 2, "Worker processes (each takes tasks: one round of "
-    "--paths_per_task paths).", lower_bound=1)
+    "num_workers", 2, "Worker processes started here (each takes tasks: one "
+    "round of --paths_per_task paths); 0 = only workers started elsewhere "
+    "(`python -m dipaco_jax.islands.worker --store=...`).", lower_bound=0)
+_GPUS = flags.DEFINE_integer(
+    "gpus_per_worker_machine", 0, "Give worker i only GPU i % N of this "
+    "machine (CUDA_VISIBLE_DEVICES); 0 = every worker sees every device.",
+    lower_bound=0)
 _PATHS_PER_TASK = flags.DEFINE_integer(
     "paths_per_task", 1, "Workers (paths x replicas) a task trains at once, "
     "vmapped in one program.", lower_bound=1)
@@ -48,7 +53,8 @@ def main(argv):
                     if _WORKER_FAKE_DEVICES.value >= 0 else
                     _PATHS_PER_TASK.value if flags.FLAGS.fake_devices
                     else 0),
-      lease_timeout_s=_LEASE_TIMEOUT.value)
+      lease_timeout_s=_LEASE_TIMEOUT.value,
+      gpus_per_machine=_GPUS.value)
   main_lib.main(argv, islands=options)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.store import atomic
 from dipaco_jax.store import items
 
 
@@ -88,6 +89,9 @@ class Executor:
     self.modules = list(modules)
     self.stepper = ModuleStepper(spec)
     self.meter = layout.ByteMeter(run, role_id)
+    self.stats_path = layout.control(run, "stats", f"{role_id}.json")
+    self.stats = layout.read_json(self.stats_path) or {"outer_steps": 0,
+                                                       "seconds": 0.0}
     self.next_version = {m: self._first_missing(m) for m in self.modules}
 
   def _first_missing(self, module) -> int:
@@ -107,6 +111,7 @@ class Executor:
   def step(self, module, round_index: int, likes) -> None:
     """Version r + 1 of `module` from version r and round r's
     contributions."""
+    started = time.monotonic()
     s, e = module
     name, r = self.slot_names[s], round_index
     params_like, opt_like = likes
@@ -136,6 +141,10 @@ class Executor:
     items.save_tree(key, params, meta)
     self.meter.add("written", r, key)
     self.meter.flush()
+    # Load, step and commit: the time a round waits on this module.
+    self.stats["outer_steps"] += 1
+    self.stats["seconds"] += time.monotonic() - started
+    atomic.write_json(self.stats_path, self.stats, indent=None)
 
   def finished(self) -> bool:
     return all(v > self.spec.num_rounds for v in self.next_version.values())

@@ -39,6 +39,9 @@ class IslandOptions:
   paths_per_task: int = 1
   num_executors: int = 1
   fake_devices: int = 0  # Per worker process (CPU only).
+  # Worker i sees only accelerator i % n (CUDA_VISIBLE_DEVICES), for n
+  # GPUs on this machine; 0 = every worker sees every device.
+  gpus_per_machine: int = 0
   heartbeat_s: float = 1.0
   lease_timeout_s: float = 20.0
   max_restarts: int = 20  # Per role, before the run is given up.
@@ -97,9 +100,13 @@ def make_roles(run, options: IslandOptions) -> list[Role]:
       args.append(f"--fake_devices={options.fake_devices}")
     if options.slowdown_s.get(worker_id):
       args.append(f"--slowdown_s={options.slowdown_s[worker_id]}")
+    worker_env = env
+    if options.gpus_per_machine:
+      worker_env = {**env, "CUDA_VISIBLE_DEVICES": str(
+          i % options.gpus_per_machine)}
     roles.append(Role(f"worker {worker_id}", role_command("worker", run,
                                                           *args),
-                      logs / f"worker_{worker_id}.log", env))
+                      logs / f"worker_{worker_id}.log", worker_env))
   for i in range(options.num_executors):
     roles.append(Role(f"executor {i}", role_command(
         "executor", run, f"--shard={i}",
@@ -216,6 +223,49 @@ def store_bytes(run) -> dict:
           "total": total}
 
 
+def task_stats(run, spec: layout.RunSpec) -> dict:
+  """Per round: its wall time (first task start to last task end) against
+  the sum of its tasks' times; per worker: tasks run and peak device
+  memory. From the workers' stats files (a task re-run after a kill counts
+  its last run)."""
+  directory = layout.control(run, "stats")
+  files = {p.stem: layout.read_json(p) or {} for p in (
+      directory.iterdir() if directory.exists() else [])}
+  workers = {k: v for k, v in files.items() if not k.startswith("executor")}
+  executors = {k: v for k, v in files.items() if k.startswith("executor")}
+  last = {}
+  for info in workers.values():
+    for t in info.get("tasks", []):
+      last[(t["round"], tuple(t["group"]))] = t
+  rounds = []
+  for r in range(spec.num_rounds):
+    tasks = [t for (tr, _), t in last.items() if tr == r]
+    if tasks:
+      start = min(t["start"] for t in tasks)
+      end = max(t["start"] + t["seconds"] for t in tasks)
+      rounds.append({"round": r, "wall_s": end - start,
+                     "sum_of_tasks_s": sum(t["seconds"] for t in tasks)})
+  tokens_per_task_path = (spec.inner_steps
+                          * spec.config["train"]["batch_size"]
+                          * spec.config["data"]["seq_len"])
+  steady = None
+  if last:
+    start = min(t["start"] for t in last.values())
+    end = max(t["start"] + t["seconds"] for t in last.values())
+    steady = (tokens_per_task_path * sum(len(g) for _, g in last)
+              / max(end - start, 1e-9))
+  return {"rounds": rounds,
+          # Tokens of all tasks over first task start to last task end:
+          # throughput without the processes' start and compilation.
+          "tokens_per_s_tasks": steady,
+          "outer_step_seconds": sum(e.get("seconds", 0.0)
+                                    for e in executors.values()),
+          "workers": {
+      w: {"tasks": len(info.get("tasks", [])),
+          "peak_device_bytes": info.get("peak_device_bytes")}
+      for w, info in sorted(workers.items())}}
+
+
 def train_experiment(exp, options: IslandOptions, init_bank=None,
                      after_outer_step=()) -> loop.TrainResult:
   """Trains `exp` (a multi-worker `stages.experiment.Experiment`) through
@@ -258,6 +308,12 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
   done = layout.read_json(layout.done_path(run)) or {}
   log(f"tasks per worker: {done.get('tasks_done')}, "
       f"{done.get('requeued', 0)} re-queued")
+  stats = task_stats(run, spec)
+  atomic.write_json(run / "stats.json", stats)
+  for worker, info in stats["workers"].items():
+    peak = info["peak_device_bytes"]
+    log(f"worker {worker}: {info['tasks']} tasks" + (
+        f", peak device memory {peak / 2**30:.2f} GiB" if peak else ""))
   exp.store_bytes = store_bytes(run)
   log(f"store traffic {exp.store_bytes['total'] / 1e6:,.1f} MB (written + "
       "read, all roles)")

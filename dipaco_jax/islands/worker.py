@@ -274,6 +274,34 @@ class Heartbeat:
     self._thread.join(timeout=5)
 
 
+class TaskStats:
+  """The worker's task timings and peak device memory, in its own control
+  file (`control/stats/{worker_id}.json`), continued after a restart."""
+
+  def __init__(self, run, worker_id: str):
+    self.path = layout.control(run, "stats", f"{worker_id}.json")
+    self.info = layout.read_json(self.path) or {"tasks": []}
+
+  def add(self, task: Task, started: float, seconds: float) -> None:
+    self.info["tasks"].append({"round": task.round_index,
+                               "group": list(task.group),
+                               "start": started, "seconds": seconds})
+    peak = peak_device_bytes()
+    if peak is not None:
+      self.info["peak_device_bytes"] = max(
+          peak, self.info.get("peak_device_bytes", 0))
+    atomic.write_json(self.path, self.info, indent=None)
+
+
+def peak_device_bytes() -> int | None:
+  """The largest peak memory of this process's devices (None where the
+  backend does not say, e.g. CPU)."""
+  peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
+           for d in jax.local_devices()]
+  peaks = [p for p in peaks if p is not None]
+  return max(peaks) if peaks else None
+
+
 def serve(run, worker_id: str, slowdown_s: float = 0.0,
           poll_s: float = 0.1, max_idle_s: float = 3600.0) -> int:
   """Takes tasks until the run is done; returns the number run."""
@@ -281,6 +309,7 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   log = lambda msg: print(f"[worker {worker_id}] {msg}", flush=True)
   meter = layout.ByteMeter(run, f"worker-{worker_id}")
   runner = TaskRunner(run, spec, meter, slowdown_s, log)
+  stats = TaskStats(run, worker_id)
   assign_path = layout.control(run, "assign", f"{worker_id}.json")
   done_seq, ran, idle_since = -1, 0, time.monotonic()
   with Heartbeat(run, worker_id, spec.heartbeat_s) as heartbeat:
@@ -295,7 +324,9 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
         continue
       task = Task(lease["task"]["round"], tuple(lease["task"]["group"]))
       heartbeat.update(task=lease["task"])
-      runner.run_task(task)
+      started = time.time()
+      if runner.run_task(task):
+        stats.add(task, started, time.time() - started)
       ran += 1
       done_seq = lease["seq"]
       heartbeat.update(task=None, done_seq=done_seq)

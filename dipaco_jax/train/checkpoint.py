@@ -199,8 +199,12 @@ class Checkpointer:
     where = self.directory / str(step)
     meta = self._read(step, "meta", ocp.args.JsonRestore(), where)
     sums = self._read_checksums(step)
-    _check_digest(meta_digest(meta), sums.get("meta"),
-                  f"meta: digest mismatch; file {where / 'meta'}")
+    if sums is None:
+      _say(f"[ckpt] step {step} in {self.directory} predates checksums "
+           "(an older dipaco_jax): restored without verification")
+    else:
+      _check_digest(meta_digest(meta), sums.get("meta"),
+                    f"meta: digest mismatch; file {where / 'meta'}")
     if "step" not in meta:
       raise CheckpointMismatchError(
           f"The checkpoint {where} has the state layout of an older "
@@ -210,8 +214,9 @@ class Checkpointer:
     for name in STATE_ITEMS:
       state[name] = self._read(
           step, name, ocp.args.StandardRestore(abstract_state[name]), where)
-      _verify_item(name, multihost.to_host(state[name]),
-                   sums.get(name, {}), where / name)
+      if sums is not None:
+        _verify_item(name, multihost.to_host(state[name]),
+                     sums.get(name, {}), where / name)
     state["step"] = jax.make_array_from_callback(
         (), abstract_state["step"].sharding,
         lambda _: np.asarray(meta["step"], np.int32))
@@ -233,8 +238,12 @@ class Checkpointer:
       raise _Damaged(error or f"{name}: unreadable on another process")
     return restored
 
-  def _read_checksums(self, step: int) -> dict:
+  def _read_checksums(self, step: int) -> dict | None:
+    """The step's digests; None for a directory that never had any (made
+    by a dipaco_jax before checksums), whose steps load unverified."""
     path = self._checksums_path(step)
+    if not _all_agree(path.parent.exists()):
+      return None
     try:
       sums, error = json.loads(path.read_text()), None
     except FileNotFoundError:
