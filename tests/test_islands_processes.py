@@ -87,9 +87,12 @@ def test_kills_of_every_role_lose_nothing(tmp_path):
                   jax.tree.leaves(stormy.state["outer"]["params"])):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(calm.final_losses_W, stormy.final_losses_W)
-  # Each killed role was started again (the supervisor's log lines are in
-  # the roles' logs directory only as restarts of their processes).
   assert layout.done_path(run).exists()
+  # The coordinator collected what no one reads again: only the final
+  # modules remain, and no contribution.
+  versions = {p.name for p in pathlib.Path(run, "modules").glob("*/*/v*")}
+  assert versions == {"v000008"}
+  assert not list(pathlib.Path(run, "contrib").glob("r*"))
 
 
 def test_a_run_already_done_is_read_back_without_starting_roles(tmp_path):

@@ -38,14 +38,23 @@ class Coordinator:
     self.slot_names = [s.name for s in topology.slots]
     self.groups = spec.groups()
     self.num_rounds = spec.num_rounds
-    # The next round of each group that is not known to be done.
-    self.frontier = [self._first_undone(g) for g in range(len(self.groups))]
+    saved = layout.read_json(layout.control(run, "coordinator.json")) or {}
+    # The next round of each group that is not known to be done: from the
+    # saved frontier on (the keys of earlier rounds may be collected).
+    start = saved.get("frontier", [0] * len(self.groups))
+    self.frontier = [self._first_undone(g, start[g])
+                     for g in range(len(self.groups))]
     self.leases = {}  # worker id -> {"seq", "task"} (its assign file)
     self.seen = {}  # worker id -> (beat, when its beat last changed)
     self.dead = set()
-    saved = layout.read_json(layout.control(run, "coordinator.json")) or {}
     self.tasks_done = dict(saved.get("tasks_done", {}))
     self.requeued = int(saved.get("requeued", 0))
+    # What was deleted already: per worker the first AdamW step kept, and
+    # the oldest module version kept.
+    collected = saved.get("collected", {"inner": {}, "version": 0})
+    self._collected = {"inner": {int(w): n for w, n in
+                                 collected["inner"].items()},
+                       "version": collected["version"]}
     self._load_leases()
 
   # --- The store's view ---------------------------------------------------
@@ -65,8 +74,7 @@ class Coordinator:
                for s, name in enumerate(self.slot_names)
                for e in np.unique(self.assignment_WxS[workers, s]))
 
-  def _first_undone(self, group: int) -> int:
-    r = 0
+  def _first_undone(self, group: int, r: int = 0) -> int:
     while r < self.num_rounds and self.task_done(r, group):
       r += 1
     return r
@@ -150,17 +158,53 @@ class Coordinator:
         out[(task["round"], self.groups.index(tuple(task["group"])))] = worker
     return out
 
+  def collect_garbage(self) -> None:
+    """Deletes what no task or outer step can read again, so a long run
+    keeps about one round on the store: a group's AdamW states before its
+    next round, contributions of rounds whose outer steps are all
+    committed, and module versions (and their optimizer states) that every
+    task and outer step has moved past. The final modules stay."""
+    h = self.spec.inner_steps
+    for g, workers in enumerate(self.groups):
+      for w in workers:
+        for step in range(self._collected["inner"].get(w, 0),
+                          self.frontier[g] * h, h):
+          _remove(layout.inner_dir(self.run, w, step))
+        self._collected["inner"][w] = self.frontier[g] * h
+    oldest_round = min(self.frontier)
+    modules = [(name, int(e)) for s, name in enumerate(self.slot_names)
+               for e in np.unique(self.assignment_WxS[:, s])]
+    # Version v is read by round v's tasks and by round v's outer step
+    # (which writes v + 1): done once every group passed round v and every
+    # module has v + 1.
+    while self._collected["version"] < oldest_round and all(
+        layout.committed(layout.module_dir(
+            self.run, name, e, self._collected["version"] + 1))
+        for name, e in modules):
+      v = self._collected["version"]
+      for name, e in modules:
+        _remove(layout.module_dir(self.run, name, e, v))
+        _remove(layout.outer_state_dir(self.run, name, e, v))
+      _remove(layout.contrib_round_dir(self.run, v))
+      self._collected["version"] = v + 1
+
   def tick(self) -> bool:
     """One scheduling pass; True once the run is done."""
     live = self.live_workers()
     self._advance_frontier()
-    # Free the workers whose task is done (counted once, to the holder).
+    # Free the workers whose task is done (counted once, to the holder);
+    # the frontier says so even once its keys are collected.
     for worker in live:
       task = self.leases.get(worker, {}).get("task")
-      if task is not None and self.task_done(
-          task["round"], self.groups.index(tuple(task["group"]))):
+      if task is not None and task["round"] < self.frontier[
+          self.groups.index(tuple(task["group"]))]:
         self.tasks_done[worker] = self.tasks_done.get(worker, 0) + 1
         self._write_lease(worker, None)
+    if self.spec.collect_garbage:
+      # After the state that says what is done is saved: a restarted
+      # coordinator must not look for what was deleted.
+      self._save_state(live)
+      self.collect_garbage()
     if all(r == self.num_rounds for r in self.frontier) and self.run_done():
       self._finish(live)
       return True
@@ -177,7 +221,8 @@ class Coordinator:
   def _save_state(self, live) -> None:
     atomic.write_json(layout.control(self.run, "coordinator.json"), {
         "tasks_done": self.tasks_done, "requeued": self.requeued,
-        "live": live, "frontier": self.frontier, "time": time.time()},
+        "live": live, "frontier": self.frontier,
+        "collected": self._collected, "time": time.time()},
                       indent=None)
 
   def _finish(self, live) -> None:
@@ -190,6 +235,16 @@ class Coordinator:
     counts = ", ".join(f"{w} {n}" for w, n in sorted(self.tasks_done.items()))
     self.log(f"done: {self.num_rounds} rounds; tasks per worker: {counts}; "
              f"{self.requeued} re-queued")
+
+
+def _remove(directory) -> None:
+  """Deletes a key: its commit marker first, so that no reader ever sees
+  a committed key with missing files."""
+  marker = directory / atomic.COMMIT_MARKER
+  if marker.exists():
+    marker.unlink()
+  if directory.exists():
+    directory.rmtree()
 
 
 def serve(run, poll_s: float = 0.2, timeout_s: float = 24 * 3600.0) -> None:

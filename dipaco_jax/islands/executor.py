@@ -96,11 +96,8 @@ class Executor:
 
   def _first_missing(self, module) -> int:
     s, e = module
-    version = 0
-    while layout.committed(layout.module_dir(self.run, self.slot_names[s],
-                                             e, version + 1)):
-      version += 1
-    return version + 1
+    latest = layout.latest_module_version(self.run, self.slot_names[s], e)
+    return 1 if latest is None else latest + 1
 
   def ready(self, module, round_index: int) -> bool:
     s, e = module

@@ -186,22 +186,20 @@ def supervise(run, roles: list[Role], options: IslandOptions, log,
       role.stop()
 
 
-def _write_metrics(run, run_dir, spec: layout.RunSpec) -> np.ndarray:
-  """The per-round training loss (mean over workers) into the run's
-  metrics.jsonl; returns the last round's losses [W]."""
-  num_workers = len(spec.weights_W)
-  slot = spec.topology().slots[0].name
-  rows, last_W = [], np.zeros(num_workers)
-  for r in range(spec.num_rounds):
-    loss_W = np.array([items.read_meta(layout.contrib_dir(run, r, w, slot))
-                       ["loss"] for w in range(num_workers)])
-    rows.append({"step": (r + 1) * spec.inner_steps,
-                 "loss": float(loss_W.mean())})
-    last_W = loss_W
+def _write_metrics(run_dir, spec: layout.RunSpec, stats: dict
+                   ) -> np.ndarray:
+  """The per-round training loss (mean over workers, from the workers' task
+  records) into the run's metrics.jsonl; returns the last round's losses
+  [W]."""
+  loss_RxW = np.full((spec.num_rounds, len(spec.weights_W)), np.nan)
+  for t in stats["tasks"]:
+    loss_RxW[t["round"], t["group"]] = t["losses"]
+  rows = [{"step": (r + 1) * spec.inner_steps, "loss": float(np.mean(l_W))}
+          for r, l_W in enumerate(loss_RxW)]
   path = epath.Path(run_dir) / "logs" / "train" / "metrics.jsonl"
   path.parent.mkdir(parents=True, exist_ok=True)
   atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-  return last_W
+  return loss_RxW[-1]
 
 
 def store_bytes(run) -> dict:
@@ -254,7 +252,8 @@ def task_stats(run, spec: layout.RunSpec) -> dict:
     end = max(t["start"] + t["seconds"] for t in last.values())
     steady = (tokens_per_task_path * sum(len(g) for _, g in last)
               / max(end - start, 1e-9))
-  return {"rounds": rounds,
+  return {"rounds": rounds, "tasks": sorted(
+      last.values(), key=lambda t: (t["round"], t["group"])),
           # Tokens of all tasks over first task start to last task end:
           # throughput without the processes' start and compilation.
           "tokens_per_s_tasks": steady,
@@ -318,7 +317,7 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
   log(f"store traffic {exp.store_bytes['total'] / 1e6:,.1f} MB (written + "
       "read, all roles)")
   bank = read_final_bank(run, exp.runtime, spec.num_rounds)
-  losses_W = _write_metrics(run, exp.run_dir, spec)
+  losses_W = _write_metrics(exp.run_dir, spec, stats)
   tokens = (c.train.num_steps * exp.topology.num_workers
             * c.train.batch_size * c.data.seq_len)
   state = {"step": np.int32(c.train.num_steps),

@@ -54,8 +54,23 @@ def inner_dir(run, worker: int, step: int) -> epath.Path:
 
 def contrib_dir(run, round_index: int, worker: int, slot: str
                 ) -> epath.Path:
-  return (epath.Path(run) / "contrib" / f"r{round_index:06d}"
-          / f"{worker:05d}" / slot)
+  return contrib_round_dir(run, round_index) / f"{worker:05d}" / slot
+
+
+def contrib_round_dir(run, round_index: int) -> epath.Path:
+  return epath.Path(run) / "contrib" / f"r{round_index:06d}"
+
+
+def latest_module_version(run, slot: str, expert: int) -> int | None:
+  """The newest committed version of a module (older ones may have been
+  collected)."""
+  parent = epath.Path(run) / "modules" / slot / f"{expert:05d}"
+  if not parent.exists():
+    return None
+  versions = [int(d.name[1:]) for d in parent.iterdir()
+              if d.name[:1] == "v" and d.name[1:].isdigit()
+              and atomic.is_committed(d)]
+  return max(versions) if versions else None
 
 
 def control(run, *parts: str) -> epath.Path:
@@ -89,6 +104,8 @@ class RunSpec:
   paths_per_task: int  # Workers (paths x replicas) trained by one task.
   heartbeat_s: float = 1.0
   lease_timeout_s: float = 20.0
+  # Delete keys no task or outer step can read again (the coordinator).
+  collect_garbage: bool = True
 
   def config_dict(self) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(self.config)

@@ -282,10 +282,12 @@ class TaskStats:
     self.path = layout.control(run, "stats", f"{worker_id}.json")
     self.info = layout.read_json(self.path) or {"tasks": []}
 
-  def add(self, task: Task, started: float, seconds: float) -> None:
+  def add(self, task: Task, started: float, seconds: float,
+          losses: dict) -> None:
     self.info["tasks"].append({"round": task.round_index,
                                "group": list(task.group),
-                               "start": started, "seconds": seconds})
+                               "start": started, "seconds": seconds,
+                               "losses": [losses[w] for w in task.group]})
     peak = peak_device_bytes()
     if peak is not None:
       self.info["peak_device_bytes"] = max(
@@ -325,8 +327,16 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
       task = Task(lease["task"]["round"], tuple(lease["task"]["group"]))
       heartbeat.update(task=lease["task"])
       started = time.time()
-      if runner.run_task(task):
-        stats.add(task, started, time.time() - started)
+      try:
+        losses = runner.run_task(task)
+      except items.NotCommittedError as e:
+        # Its inputs were collected: the task was done by another worker
+        # and the run has moved on (a stale lease, read after a restart).
+        log(f"round {task.round_index} workers {list(task.group)}: inputs "
+            f"gone ({e}); skipping")
+        losses = {}
+      if losses:
+        stats.add(task, started, time.time() - started, losses)
       ran += 1
       done_seq = lease["seq"]
       heartbeat.update(task=None, done_seq=done_seq)
