@@ -49,13 +49,16 @@ case $part in
     echo "exit spmd $?" >> "$log"
     mkdir -p $b/runs && cp -r $a/data $b/ && cp -r $a/runs/base $b/runs/ \
       && cp -r $a/shards $b/ 2>/dev/null
-    python3 -m dipaco_jax.islands --config=experiments/dense.py \
-      --workdir=$b "${corpus[@]}" "${steps[@]}" \
-      --config.paths.num_replicas=2 --config.diloco.inner_steps=100 \
-      --num_workers=2 --gpus_per_worker_machine=2 >> "$log" 2>&1
-    echo "exit islands $?" >> "$log"
     cp $a/results.json "$out/diloco_spmd1_results.json"
-    cp $b/results.json "$out/diloco_islands2_results.json"
-    cp $b/islands/main/stats.json "$out/diloco_islands2_stats.json" ;;
+    for h in ${HS:-100}; do  # H: inner steps per round
+      rm -rf $b/islands $b/runs/main $b/results.json
+      python3 -m dipaco_jax.islands --config=experiments/dense.py \
+        --workdir=$b "${corpus[@]}" "${steps[@]}" \
+        --config.paths.num_replicas=2 --config.diloco.inner_steps=$h \
+        --num_workers=2 --gpus_per_worker_machine=2 >> "$log" 2>&1
+      echo "exit islands H=$h $?" >> "$log"
+      cp $b/results.json "$out/diloco_islands2_h${h}_results.json"
+      cp $b/islands/main/stats.json "$out/diloco_islands2_h${h}_stats.json"
+    done ;;
 esac
 tail -40 "$log"

@@ -32,8 +32,8 @@ _PATHS_PER_TASK = flags.DEFINE_integer(
     "paths_per_task", 1, "Workers (paths x replicas) a task trains at once, "
     "vmapped in one program.", lower_bound=1)
 _NUM_EXECUTORS = flags.DEFINE_integer(
-    "num_executors", 1, "Outer executor processes (modules are dealt "
-    "round-robin).", lower_bound=1)
+    "num_executors", 0, "Outer executor processes (modules are dealt "
+    "round-robin); 0 = one per module, at most 8.", lower_bound=0)
 _WORKER_FAKE_DEVICES = flags.DEFINE_integer(
     "worker_fake_devices", -1, "Fake CPU devices of each worker process; "
     "-1 = --paths_per_task when --fake_devices is set (one device per path: "

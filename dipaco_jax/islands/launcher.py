@@ -37,7 +37,7 @@ class IslandError(RuntimeError):
 class IslandOptions:
   num_workers: int = 2
   paths_per_task: int = 1
-  num_executors: int = 1
+  num_executors: int = 0  # 0 = one per module (modules step in parallel), <= 8.
   fake_devices: int = 0  # Per worker process (CPU only).
   # Worker i sees only accelerator i % n (CUDA_VISIBLE_DEVICES), for n
   # GPUs on this machine; 0 = every worker sees every device.
@@ -87,7 +87,8 @@ def _role_env() -> dict:
   return env
 
 
-def make_roles(run, options: IslandOptions) -> list[Role]:
+def make_roles(run, options: IslandOptions, num_modules: int
+               ) -> list[Role]:
   env = _role_env()
   cpu_env = {**env, "JAX_PLATFORMS": "cpu"}  # Executors: elementwise work.
   logs = epath.Path(run) / "logs"
@@ -107,10 +108,10 @@ def make_roles(run, options: IslandOptions) -> list[Role]:
     roles.append(Role(f"worker {worker_id}", role_command("worker", run,
                                                           *args),
                       logs / f"worker_{worker_id}.log", worker_env))
-  for i in range(options.num_executors):
+  num_executors = options.num_executors or min(num_modules, 8)
+  for i in range(num_executors):
     roles.append(Role(f"executor {i}", role_command(
-        "executor", run, f"--shard={i}",
-        f"--num_shards={options.num_executors}"),
+        "executor", run, f"--shard={i}", f"--num_shards={num_executors}"),
                       logs / f"executor_{i}.log", cpu_env))
   return roles
 
@@ -296,10 +297,10 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
     write_version_zero(run, exp.runtime, init_bank, c.seed)
     spec.save(run)
     log(f"{len(spec.groups())} tasks per round x {spec.num_rounds} rounds, "
-        f"{options.num_workers} workers, {options.num_executors} "
-        f"executors; store {run}")
+        f"{options.num_workers} workers; store {run}")
     if not layout.done_path(run).exists():
-      supervise(run, make_roles(run, options), options, log)
+      num_modules = sum(s.num_experts for s in exp.topology.slots)
+      supervise(run, make_roles(run, options, num_modules), options, log)
     atomic.write_json(trained_path, {"wall_s": time.time() - t0})
   else:
     log(f"already trained in {run}; reusing")
