@@ -47,6 +47,7 @@ class Coordinator:
     self.leases = {}  # worker id -> {"seq", "task"} (its assign file)
     self.seen = {}  # worker id -> (beat, when its beat last changed)
     self.dead = set()
+    self.last_group = {}  # worker id -> the group of its last task
     self.tasks_done = dict(saved.get("tasks_done", {}))
     self.requeued = int(saved.get("requeued", 0))
     # What was deleted already: per worker the first AdamW step kept, and
@@ -199,6 +200,7 @@ class Coordinator:
       if task is not None and task["round"] < self.frontier[
           self.groups.index(tuple(task["group"]))]:
         self.tasks_done[worker] = self.tasks_done.get(worker, 0) + 1
+        self.last_group[worker] = self.groups.index(tuple(task["group"]))
         self._write_lease(worker, None)
     if self.spec.collect_garbage:
       # After the state that says what is done is saved: a restarted
@@ -213,7 +215,14 @@ class Coordinator:
                      if r < self.num_rounds and (r, g) not in leased
                      and self.task_ready(r, g))
     idle = [w for w in live if self.leases.get(w, {}).get("task") is None]
-    for worker, (r, g) in zip(idle, pending):
+    for worker in idle:
+      if not pending:
+        break
+      # Sticky: the group a worker trained last is its first choice (its
+      # AdamW states are still on its devices), else the oldest task.
+      same = [t for t in pending if t[1] == self.last_group.get(worker)]
+      r, g = same[0] if same else pending[0]
+      pending.remove((r, g))
       self._write_lease(worker, {"round": r, "group": list(self.groups[g])})
     self._save_state(live)
     return False

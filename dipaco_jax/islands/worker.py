@@ -102,6 +102,10 @@ class TaskRunner:
     self.topology = spec.topology()
     self.slot_names = tuple(s.name for s in self.topology.slots)
     self._programs: dict[int, GroupProgram] = {}
+    # (group, step, AdamW states on device) of the last task: a worker
+    # given the same group's next round skips reading them back (they are
+    # the bytes it just committed).
+    self._kept = None
     self._batches: dict[tuple[int, ...], batches_lib.StackedBatches] = {}
 
   def program(self, size: int) -> GroupProgram:
@@ -156,6 +160,8 @@ class TaskRunner:
     if task.round_index == 0:
       return jax.vmap(runtime.inner_tx.init)(inner_params)
     step = task.round_index * self.spec.inner_steps
+    if self._kept is not None and self._kept[:2] == (task.group, step):
+      return self._kept[2]
     rows = []
     for w in task.group:
       key = layout.inner_dir(self.run, w, step)
@@ -186,17 +192,18 @@ class TaskRunner:
                       runtime.outer_tx, bank)},
     }
     state = jax.device_put(state, runtime.state_shardings)
-    losses = self._inner_steps(task, runtime, state)
-    state, losses_HxG = losses
-    host_bank = bank
+    state, losses_HxG = self._inner_steps(task, runtime, state)
     contribs = outer_lib.contributions(
-        jax.tree.map(jnp.asarray, host_bank), state["inner"]["params"],
+        jax.tree.map(jnp.asarray, bank), state["inner"]["params"],
         local_GxS, self.slot_names)
     sent, _ = outer_lib.identity_compressor(contribs, None)
     sent = jax.device_get(sent)
+    self._kept = None
     opt_state = jax.device_get(state["inner"]["opt_state"])
     loss_G = losses_HxG.mean(axis=0)
     self._write(task, sent, opt_state, loss_G)
+    self._kept = (task.group, (task.round_index + 1) * self.spec.inner_steps,
+                  state["inner"]["opt_state"])
     self.log(f"round {task.round_index} workers {list(task.group)}: loss "
              f"{loss_G.mean():.4f}, {time.monotonic() - t0:.1f} s")
     return {w: float(l) for w, l in zip(task.group, loss_G)}
