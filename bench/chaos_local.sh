@@ -16,7 +16,7 @@
 #        CHAOS_ARGS="--no_jax_cache" (no shared JAX compilation cache)
 # Expected runtime: ~5 minutes on an otherwise idle 2-core CPU (measured
 # 5.1 min; the reference run 80 s of it), ~10-15 minutes when other jobs
-# share the cores. CPU only, 8 fake devices (--fake_devices=8), ~0.5 GB
+# share the cores. CPU only, 8 fake devices (--fake_devices=8), ~1.1 GB
 # of disk.
 # Every wait is bounded (per process, plus CHAOS_TIMEOUT overall); the
 # processes it starts are killed on a timeout, an error or SIGTERM/SIGINT.

@@ -39,6 +39,9 @@ _WORKER_FAKE_DEVICES = flags.DEFINE_integer(
     "-1 = --paths_per_task when --fake_devices is set (one device per path: "
     "no collectives between a worker's devices, which time out on a busy "
     "CPU), else none.", lower_bound=-1)
+_SLOW_WORKERS = flags.DEFINE_list(
+    "slow_workers", [], "ID:SECONDS pairs: those local workers sleep that "
+    "long after each inner step (to see a slow island get fewer tasks).")
 _LEASE_TIMEOUT = flags.DEFINE_float(
     "lease_timeout_s", 20.0, "A worker whose heartbeat is this old loses "
     "its task.", lower_bound=1.0)
@@ -54,7 +57,9 @@ def main(argv):
                     _PATHS_PER_TASK.value if flags.FLAGS.fake_devices
                     else 0),
       lease_timeout_s=_LEASE_TIMEOUT.value,
-      gpus_per_machine=_GPUS.value)
+      gpus_per_machine=_GPUS.value,
+      slowdown_s={w: float(t) for w, t in (
+          item.split(":") for item in _SLOW_WORKERS.value)})
   main_lib.main(argv, islands=options)
 
 
