@@ -313,8 +313,9 @@ def peak_device_bytes() -> int | None:
 
 def serve(run, worker_id: str, slowdown_s: float = 0.0,
           poll_s: float = 0.1, max_idle_s: float = 3600.0) -> int:
-  """Takes tasks until the run is done; returns the number run."""
-  spec = layout.RunSpec.load(run)
+  """Takes tasks until the run is done; returns the number run. Waits up
+  to `max_idle_s` for the run to start and between tasks."""
+  spec = layout.RunSpec.load(run, timeout_s=max_idle_s)
   log = lambda msg: print(f"[worker {worker_id}] {msg}", flush=True)
   meter = layout.ByteMeter(run, f"worker-{worker_id}")
   runner = TaskRunner(run, spec, meter, slowdown_s, log)
@@ -362,10 +363,14 @@ def main(argv=None) -> None:
   parser.add_argument("--fake_devices", type=int, default=0)
   parser.add_argument("--slowdown_s", type=float, default=0.0,
                       help="sleep after each inner step (tests, demos)")
+  parser.add_argument("--max_idle_s", type=float, default=3600.0,
+                      help="give up after waiting this long for the run to "
+                      "start or for a task")
   args = parser.parse_args(argv)
   mesh_lib.setup_fake_devices(args.fake_devices)
   try:
-    serve(args.store, args.worker_id, args.slowdown_s)
+    serve(args.store, args.worker_id, args.slowdown_s,
+          max_idle_s=args.max_idle_s)
   except TaskFailed as e:
     atomic.write_json(layout.control(args.store, "failed",
                                       f"{args.worker_id}.json"),
