@@ -165,7 +165,10 @@ def test_coordinator_leases_requeues_and_restarts(tmp_path):
                                       clock=clock)
   _beat(run, "a", 1)
   _beat(run, "b", 1)
+  # A heartbeat write in progress is not a worker.
+  (layout.control(run, "heartbeat") / ".a.json.tmp-123").write_text("{}")
   assert not coord.tick()
+  assert sorted(coord.leases) == ["a", "b"]
   lease = lambda w: layout.read_json(layout.control(run, "assign",
                                                     f"{w}.json"))
   assert lease("a")["task"] == {"round": 0, "group": [0, 1]}

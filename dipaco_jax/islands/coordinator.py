@@ -87,12 +87,10 @@ class Coordinator:
                for e in np.unique(self.assignment_WxS[:, s]))
 
   def _load_leases(self) -> None:
-    directory = layout.control(self.run, "assign")
-    if directory.exists():
-      for path in directory.iterdir():
-        lease = layout.read_json(path)
-        if lease is not None:
-          self.leases[path.stem] = lease
+    for path in layout.control_files(layout.control(self.run, "assign")):
+      lease = layout.read_json(path)
+      if lease is not None:
+        self.leases[path.stem] = lease
 
   # --- Workers --------------------------------------------------------------
 
@@ -100,11 +98,8 @@ class Coordinator:
     """Workers whose heartbeat changed within the lease timeout (measured
     on this process's clock, so machines' clocks need not agree)."""
     now = self.clock()
-    directory = layout.control(self.run, "heartbeat")
     live = []
-    if not directory.exists():
-      return live
-    for path in sorted(directory.iterdir()):
+    for path in layout.control_files(layout.control(self.run, "heartbeat")):
       beat = layout.read_json(path)
       if beat is None:
         continue

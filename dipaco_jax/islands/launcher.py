@@ -169,9 +169,9 @@ def supervise(run, roles: list[Role], options: IslandOptions, log,
         code = role.process.poll()
         if code is None or code == 0:
           continue  # Running, or its part is finished (an executor).
-        failed = layout.control(run, "failed")
-        if failed.exists() and any(failed.iterdir()):
-          reasons = [layout.read_json(p) for p in failed.iterdir()]
+        failed = layout.control_files(layout.control(run, "failed"))
+        if failed:
+          reasons = [layout.read_json(p) for p in failed]
           raise IslandError("; ".join(r["error"] for r in reasons if r))
         if role.restarts >= options.max_restarts:
           raise IslandError(
@@ -227,9 +227,8 @@ def task_stats(run, spec: layout.RunSpec) -> dict:
   the sum of its tasks' times; per worker: tasks run and peak device
   memory. From the workers' stats files (a task re-run after a kill counts
   its last run)."""
-  directory = layout.control(run, "stats")
-  files = {p.stem: layout.read_json(p) or {} for p in (
-      directory.iterdir() if directory.exists() else [])}
+  files = {p.stem: layout.read_json(p) or {}
+           for p in layout.control_files(layout.control(run, "stats"))}
   workers = {k: v for k, v in files.items() if not k.startswith("executor")}
   executors = {k: v for k, v in files.items() if k.startswith("executor")}
   last = {}

@@ -81,6 +81,16 @@ def done_path(run) -> epath.Path:
   return epath.Path(run) / "DONE.json"
 
 
+def control_files(directory) -> list[epath.Path]:
+  """The control files in `directory` (none if it is absent), without the
+  temporary files of writes in progress (`.NAME.json.tmp-PID`)."""
+  directory = epath.Path(directory)
+  if not directory.exists():
+    return []
+  return sorted(p for p in directory.iterdir()
+                if p.suffix == ".json" and not p.name.startswith("."))
+
+
 def read_json(path) -> dict | None:
   """A control file, or None when absent (or caught mid-replace on a store
   without atomic rename)."""
@@ -190,11 +200,8 @@ class ByteMeter:
 
 def read_byte_counts(run) -> dict:
   """{role_id: {"written": {round: bytes}, "read": {...}}} of every role."""
-  directory = control(run, "bytes")
-  if not directory.exists():
-    return {}
-  return {p.stem: read_json(p) or {} for p in sorted(directory.iterdir())
-          if p.suffix == ".json"}
+  return {p.stem: read_json(p) or {}
+          for p in control_files(control(run, "bytes"))}
 
 
 def committed(directory) -> bool:
