@@ -19,7 +19,11 @@ args=(--config=experiments/quickstart.py --fake_devices=8
       --config.data.max_corpus_chars=3000000 --config.eval.learned_reroute=False
       --num_workers=3 --lease_timeout_s=6)
 store="$work/stormy/islands/dipaco"
-pids() { pgrep -f "dipaco_jax.islands.$1 --store=$store" || true; }
+# The launcher's own roles (it restarts them); the late worker is left be.
+pids() {
+  local extra=""; [[ $1 == worker ]] && extra=" --worker_id=w"
+  pgrep -f "dipaco_jax.islands.$1 --store=$store$extra" || true
+}
 kill_one() {  # role: SIGKILL one random process of it, say which
   local p; p=$(pids "$1" | shuf -n 1)
   [[ -n "$p" ]] && kill -9 "$p" && echo "killed $1 (pid $p) at $(date +%T)"

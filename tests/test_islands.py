@@ -167,6 +167,11 @@ def test_coordinator_leases_requeues_and_restarts(tmp_path):
   _beat(run, "b", 1)
   # A heartbeat write in progress is not a worker.
   (layout.control(run, "heartbeat") / ".a.json.tmp-123").write_text("{}")
+  assert not coord.tick()  # First sight: not live before a beat changes.
+  assert not coord.leases
+  clock.now = 1.0
+  _beat(run, "a", 2)
+  _beat(run, "b", 2)
   assert not coord.tick()
   assert sorted(coord.leases) == ["a", "b"]
   lease = lambda w: layout.read_json(layout.control(run, "assign",
@@ -175,11 +180,12 @@ def test_coordinator_leases_requeues_and_restarts(tmp_path):
   assert lease("b")["task"] == {"round": 0, "group": [2, 3]}
   # "b" goes silent past the lease timeout: its task goes to "c".
   clock.now = 3.0
-  _beat(run, "a", 2)
-  coord.tick()
-  clock.now = 9.0
   _beat(run, "a", 3)
   _beat(run, "c", 1)
+  coord.tick()
+  clock.now = 9.0
+  _beat(run, "a", 4)
+  _beat(run, "c", 2)
   coord.tick()
   assert lease("b")["task"] is None
   assert lease("c")["task"] == {"round": 0, "group": [2, 3]}

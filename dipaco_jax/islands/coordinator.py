@@ -105,7 +105,13 @@ class Coordinator:
         continue
       worker = path.stem
       last = self.seen.get(worker)
-      if last is None or last[0] != beat["beat"]:
+      if last is None:
+        # First sight (this coordinator may have just restarted): live
+        # only once the beat is seen to change, so a dead worker's old
+        # file gets no task. Its lease stands until then.
+        self.seen[worker] = (beat["beat"], now)
+        continue
+      if last[0] != beat["beat"]:
         self.seen[worker] = (beat["beat"], now)
         if worker in self.dead:
           self.log(f"worker {worker} is back")
