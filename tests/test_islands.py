@@ -82,10 +82,17 @@ def _max_abs_diff(a, b):
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-@pytest.mark.parametrize("paths_per_task", [4, 1])
-def test_islands_equal_the_spmd_runtime(tmp_path, paths_per_task):
+@pytest.fixture(scope="module")
+def spmd_run(tmp_path_factory):
+  """The experiment and its bank trained by the SPMD runtime, once."""
+  tmp_path = tmp_path_factory.mktemp("spmd")
   exp = _experiment(tmp_path)
-  spmd = jax.device_get(exp.train().state["outer"]["params"])
+  return exp, jax.device_get(exp.train().state["outer"]["params"])
+
+
+@pytest.mark.parametrize("paths_per_task", [4, 1])
+def test_islands_equal_the_spmd_runtime(spmd_run, tmp_path, paths_per_task):
+  exp, spmd = spmd_run
   bank = _islands_in_process(exp, tmp_path / "islands", paths_per_task)
   diff = _max_abs_diff(spmd, bank)
   # Not bit for bit: the per-module outer step is a program of its own
