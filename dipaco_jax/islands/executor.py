@@ -21,12 +21,15 @@ keeps its parameters and momentum, as in the SPMD runtime.
 import functools
 import time
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.model import layers
+from dipaco_jax.model import transformer
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
 
@@ -164,9 +167,6 @@ def module_likes(spec: layout.RunSpec):
   """`likes_of(module) -> (params_like, opt_state_like)`: host restore
   targets of a module's parameters and outer optimizer state, from the
   model's shapes (no device work)."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from dipaco_jax.model import layers  # pylint: disable=g-import-not-at-top
-  from dipaco_jax.model import transformer  # pylint: disable=g-import-not-at-top
   config = spec.config_dict()
   topology = spec.topology()
   model = transformer.build_model(

@@ -19,6 +19,7 @@ import sys
 import time
 
 from etils import epath
+import flax.linen as nn
 import jax
 import numpy as np
 
@@ -136,7 +137,6 @@ def write_version_zero(run, runtime, init_bank, seed: int) -> None:
 
 def read_final_bank(run, runtime, version: int) -> dict:
   """The bank {slot: [K, ...]} of every module at `version`."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   path = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                       nn.unbox(runtime.boxed_path_params()))
   bank = {}

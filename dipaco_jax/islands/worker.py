@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,7 +77,6 @@ class GroupProgram:
                                      mesh_lib.make_mesh(config),
                                      np.ones(group_size))
     boxed = self.runtime.boxed_path_params()
-    import flax.linen as nn  # pylint: disable=g-import-not-at-top
     path = _abstract(nn.unbox(boxed))
     self.module_like = {s.name: path[s.name] for s in full.slots}
     worker_opt = self.runtime.abstract_state["inner"]["opt_state"]
