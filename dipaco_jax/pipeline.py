@@ -89,15 +89,15 @@ def check_config(config) -> None:
   if paths_lib.topology_from_config(config).num_paths > 1:
     derived.append(("dense baseline", experiment_lib.dense_config_of(config)))
     derived += [(s.name, s.config) for s in dense_scaling.specs(config)]
+    if config.routing.discriminative_steps > 0:
+      derived.append(("discriminative phase", experiment_lib.derive_config(
+          config, **{"train.num_steps": config.routing.discriminative_steps})))
   elif config.eval.dense_scales.strip() or config.eval.dense_same_flops:
     field = ("dense_scales" if config.eval.dense_scales.strip()
              else "dense_same_flops")
     raise config_base.ConfigError(
         f"config.eval.{field}: the extra dense baselines are DiPaCo's (more "
         "than one path); leave eval.dense_scales and dense_same_flops off.")
-    if config.routing.discriminative_steps > 0:
-      derived.append(("discriminative phase", experiment_lib.derive_config(
-          config, **{"train.num_steps": config.routing.discriminative_steps})))
   for name, cfg in derived:
     try:
       config_base.validate(cfg, devices)

@@ -227,18 +227,21 @@ class TaskRunner:
 
   def _write(self, task: Task, sent, opt_state, loss_G) -> None:
     r, h = task.round_index, self.spec.inner_steps
-    # AdamW states first: a committed contribution set then implies them.
-    for i, w in enumerate(task.group):
-      key = layout.inner_dir(self.run, w, (r + 1) * h)
-      items.save_tree(key, items.worker_of(opt_state, i),
-                      {"round": r, "worker": w})
-      self.meter.add("written", r, key)
+    # Contributions first: the executors start while the AdamW states are
+    # written. A worker killed in between leaves its task undone (the
+    # coordinator re-runs it from round r, whose modules are kept until
+    # then); the re-run's contributions are the committed bytes.
     for i, w in enumerate(task.group):
       for name in self.slot_names:
         key = layout.contrib_dir(self.run, r, w, name)
         items.save_tree(key, jax.tree.map(lambda x, i=i: x[i], sent[name]),
                         {"round": r, "worker": w, "loss": float(loss_G[i])})
         self.meter.add("written", r, key)
+    for i, w in enumerate(task.group):
+      key = layout.inner_dir(self.run, w, (r + 1) * h)
+      items.save_tree(key, items.worker_of(opt_state, i),
+                      {"round": r, "worker": w})
+      self.meter.add("written", r, key)
     self.meter.flush()
 
 
