@@ -293,7 +293,11 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
   trained_path = run / "TRAINED.json"
   if not trained_path.exists():
     t0 = time.time()
-    write_version_zero(run, exp.runtime, init_bank, c.seed)
+    first = exp.topology.slots[0].name
+    if (layout.latest_module_version(run, first, 0) or 0) == 0:
+      # Before any outer step (later, version 0 may have been collected):
+      # writes the modules of version 0 still missing.
+      write_version_zero(run, exp.runtime, init_bank, c.seed)
     spec.save(run)
     log(f"{len(spec.groups())} tasks per round x {spec.num_rounds} rounds, "
         f"{options.num_workers} workers; store {run}")
