@@ -4,8 +4,8 @@
 #   bash bench/chaos_islands.sh [WORK=/tmp/chaos_islands]
 #
 # A small DiPaCo 4x4 (16 paths, the quickstart model) through islands with
-# 3 local workers, w2 slowed on purpose, and a fourth worker started by
-# hand once training runs. During the run: kill -9 of a random worker three
+# 3 local workers, w2 slowed on purpose (1 s per inner step), and a fourth
+# worker started by hand once training runs. During the run: kill -9 of a random worker three
 # times, of the coordinator once and of an outer executor once, at random
 # moments. Then the same config with no failures (calm). Prints a table of
 # verdicts: the stormy run's perplexities equal the calm run's, the slowed
@@ -19,9 +19,11 @@ args=(--config=experiments/quickstart.py --fake_devices=8
       --config.data.max_corpus_chars=3000000 --config.eval.learned_reroute=False
       --num_workers=3 --lease_timeout_s=6)
 store="$work/stormy/islands/dipaco"
-# The launcher's own roles (it restarts them); the late worker is left be.
+# The launcher's own roles (it restarts them); the late worker and the
+# slowed w2 are left be (a restart costs a worker its compilation, which
+# would blur which one is slow).
 pids() {
-  local extra=""; [[ $1 == worker ]] && extra=" --worker_id=w"
+  local extra=""; [[ $1 == worker ]] && extra=" --worker_id=w[01]"
   pgrep -f "dipaco_jax.islands.$1 --store=$store$extra" || true
 }
 kill_one() {  # role: SIGKILL one random process of it, say which
@@ -29,7 +31,7 @@ kill_one() {  # role: SIGKILL one random process of it, say which
   [[ -n "$p" ]] && kill -9 "$p" && echo "killed $1 (pid $p) at $(date +%T)"
 }
 timeout 1800 python -m dipaco_jax.islands "${args[@]}" --workdir="$work/stormy" \
-  --slow_workers=w2:0.3 > "$work/stormy.log" 2>&1 &
+  --slow_workers=w2:1.0 > "$work/stormy.log" 2>&1 &
 main=$!
 # Wait (bounded) for training to start, then add a late worker.
 for _ in $(seq 600); do [[ -d "$store/control/heartbeat" ]] && break; sleep 1; done
