@@ -103,14 +103,20 @@ def test_islands_equal_the_spmd_runtime(spmd_run, tmp_path, paths_per_task):
   assert diff < (1e-6 if paths_per_task == 4 else 1e-5), diff
 
 
-def test_rerunning_a_task_writes_nothing_new(tmp_path):
-  exp = _experiment(tmp_path, num_steps=2)
+def _fresh_store(tmp_path, paths_per_task, num_steps=2):
+  """A run's store at version 0, its spec and a task runner on it."""
+  exp = _experiment(tmp_path, num_steps=num_steps)
   run = tmp_path / "islands"
-  spec = _spec(exp, 2)
+  spec = _spec(exp, paths_per_task)
   launcher.write_version_zero(run, exp.runtime, None, 0)
   spec.save(run)
   runner = worker_lib.TaskRunner(run, spec, layout.ByteMeter(run, "w"),
                                  log=lambda _: None)
+  return run, spec, runner
+
+
+def test_rerunning_a_task_writes_nothing_new(tmp_path):
+  run, _, runner = _fresh_store(tmp_path, 2)
   task = worker_lib.Task(0, (0, 1))
   assert runner.run_task(task)
   key = layout.contrib_dir(run, 0, 0, runner.slot_names[0])
@@ -122,13 +128,7 @@ def test_rerunning_a_task_writes_nothing_new(tmp_path):
 
 
 def test_a_half_written_contribution_is_never_used(tmp_path):
-  exp = _experiment(tmp_path, num_steps=2)
-  run = tmp_path / "islands"
-  spec = _spec(exp, 4)
-  launcher.write_version_zero(run, exp.runtime, None, 0)
-  spec.save(run)
-  runner = worker_lib.TaskRunner(run, spec, layout.ByteMeter(run, "w"),
-                                 log=lambda _: None)
+  run, spec, runner = _fresh_store(tmp_path, 4)
   runner.run_task(worker_lib.Task(0, (0, 1, 2, 3)))
   # Worker 3's contribution to every slot loses its commit marker, as if
   # its writer died between the item and the marker.

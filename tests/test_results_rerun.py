@@ -6,22 +6,13 @@ import os
 import subprocess
 import sys
 
+import test_pipeline
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # As tests/test_pipeline.py's DiLoCo job, without the k-means shards.
 FLAGS = [
     "--config=experiments/quickstart.py",
-    "--config.data.max_corpus_chars=1000000",
-    "--config.data.vocab_size=512",
-    "--config.data.seq_len=64",
-    "--config.data.validation_fraction=0.2",
-    "--config.model.num_layers=2",
-    "--config.model.d_model=32",
-    "--config.model.num_heads=2",
-    "--config.model.head_dim=16",
-    "--config.model.mlp_dim=64",
-    "--config.train.batch_size=8",
-    "--config.train.log_every=2",
-    "--config.ckpt.every=4",
+    *test_pipeline.TINY_FLAGS,
     "--config.paths.shape=1",
     "--config.paths.num_replicas=2",
     "--config.base.num_steps=0",
