@@ -12,6 +12,7 @@ import pytest
 
 from dipaco_jax.data import batches
 from dipaco_jax.data import corpora
+from dipaco_jax.data import corpus_manifest
 from dipaco_jax.data import prefetch
 from dipaco_jax.data import shards
 from dipaco_jax.data import token_store
@@ -69,7 +70,7 @@ def test_stdlib_split_is_deterministic_and_disjoint():
   a = corpora.python_stdlib_documents(20_000, 0.2, max_corpus_chars=2_000_000)
   b = corpora.python_stdlib_documents(20_000, 0.2, max_corpus_chars=2_000_000)
   assert a == b
-  assert corpora.corpus_fingerprint(a) == corpora.corpus_fingerprint(b)
+  assert corpus_manifest.corpus_fingerprint(a) == corpus_manifest.corpus_fingerprint(b)
   files = {s: {d.doc_id.rsplit('#', 1)[0] for d in docs}
            for s, docs in a.items()}
   assert files['train'] and files['validation']
@@ -83,7 +84,7 @@ def test_stdlib_split_is_deterministic_and_disjoint():
     assert not any('site-packages' in i for i in ids)
   # A different cap gives a different (but still valid) corpus.
   c = corpora.python_stdlib_documents(20_000, 0.2, max_corpus_chars=500_000)
-  assert corpora.corpus_fingerprint(c) != corpora.corpus_fingerprint(a)
+  assert corpus_manifest.corpus_fingerprint(c) != corpus_manifest.corpus_fingerprint(a)
 
 
 def test_stdlib_chunks_of_a_file_give_back_the_file():
@@ -126,7 +127,7 @@ def test_text_files_txt_and_jsonl(tmp_path):
                     if d.doc_id.startswith('a.txt#'))
   assert ''.join(t for _, t in a_chunks) == 'line one\nline two\n' * 20
   again = corpora.text_files_documents(pattern, 'text', 100, 0.3)
-  assert corpora.corpus_fingerprint(again) == corpora.corpus_fingerprint(
+  assert corpus_manifest.corpus_fingerprint(again) == corpus_manifest.corpus_fingerprint(
       splits)
 
 

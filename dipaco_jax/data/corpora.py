@@ -14,34 +14,27 @@ does not move when files are added or removed. All chunks of one file land
 in the same split, so validation never sees a piece of a training file.
 
 Binary files (a NUL byte) and files that are not UTF-8 are skipped; the
-`read_*` functions return a `Reading` that names them. `file_manifest`
-fingerprints a corpus's files without reading them again on a second run,
-so the data stage can tell a changed corpus from an unchanged one first.
+`read_*` functions return a `Reading` that names them. Fingerprints of a
+corpus (its files, its documents) are in `data/corpus_manifest.py`.
 """
 
 import collections
 import dataclasses
-import glob
 import hashlib
 import json
-import os
-import pathlib
-import sysconfig
 from typing import Iterable, Iterator, Sequence
 
 from absl import logging
 from etils import epath
 import numpy as np
 
-from dipaco_jax import errors
+from dipaco_jax.data import corpus_files
+from dipaco_jax.data import corpus_manifest
 
 Document = collections.namedtuple('Document', ['doc_id', 'text'])
 
 
-class CorpusError(errors.UserError, ValueError):
-  """The corpus cannot give what the run needs; the message says what was
-  found and which config field to change. A ValueError too, as the corpus
-  errors were before."""
+CorpusError = corpus_files.CorpusError
 
 
 @dataclasses.dataclass
@@ -74,9 +67,6 @@ def unit_ids(doc_ids: Sequence[str]) -> np.ndarray:
   numbers = {}
   return np.array([numbers.setdefault(unit_of(d), len(numbers))
                    for d in doc_ids], np.int64)
-
-_GLOB_CHARS = frozenset('*?[')
-
 
 def _hash_fraction(name: str) -> float:
   """Maps a name to a fixed number in [0, 1) (the same on every machine)."""
@@ -205,104 +195,10 @@ def _decode(data: bytes) -> tuple[str | None, str]:
     return None, 'not UTF-8'
 
 
-def stdlib_files() -> tuple[pathlib.Path, dict[str, pathlib.Path]]:
-  """(root, relative path -> path) of the stdlib's `.py` files."""
-  # The stdlib is always local: os.walk, since epath's glob refuses `**`.
-  root = pathlib.Path(sysconfig.get_paths()['stdlib'])
-  files = {}
-  for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = [d for d in dirnames if d != 'site-packages']
-    for filename in filenames:
-      if filename.endswith('.py'):
-        # pathlib, not epath: 10x cheaper to make and to name, and the
-        # stdlib is local.
-        path = pathlib.Path(dirpath, filename)
-        files[path.relative_to(root).as_posix()] = path
-  if not files:
-    raise CorpusError(f'No .py files found under the stdlib at {root}; use '
-                      'another corpus (config.data.corpus).')
-  return root, dict(sorted(files.items()))
-
-
-def text_files(pattern: str) -> tuple[epath.Path, dict[str, epath.Path]]:
-  """(base directory, relative path -> path) of the files `pattern` matches.
-
-  Raises:
-    CorpusError: nothing matches.
-  """
-  base, paths = _glob(pattern)
-  if not paths:
-    raise CorpusError(
-        f'No files match the pattern {pattern!r} (config.data.text_glob): '
-        'fix the path or the pattern (`**` matches any depth, e.g. '
-        "'/data/**/*.txt').")
-  return base, {os.path.relpath(os.fspath(p), os.fspath(base)): p
-                for p in paths}
-
-
-def _stat_signature(path: epath.Path) -> list[int]:
-  """[size, mtime_ns, ctime_ns] of a local file; [size, mtime_ns, 0] of
-  an object in a bucket.
-
-  ctime too: a tool can set mtime back (`cp -p`, `rsync -t`, `touch -d`),
-  never ctime, so an edit that keeps the size and the mtime is still seen.
-  """
-  name = os.fspath(path)
-  if '://' not in name:
-    st = os.stat(name)
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-  st = path.stat()
-  return [int(st.length), int((st.mtime or 0) * 1e9), 0]
-
-
-def _file_sha256(path: epath.Path) -> str:
-  h = hashlib.sha256()
-  with path.open('rb') as f:
-    for block in iter(lambda: f.read(1 << 20), b''):
-      h.update(block)
-  return h.hexdigest()
-
-
-def file_manifest(files: dict[str, epath.Path],
-                  previous: dict) -> tuple[str, dict]:
-  """A fingerprint of the files' names and bytes, cheap on a second run.
-
-  Each file's sha256 is taken from `previous` (the record of the last run)
-  when its stat signature (size, mtime, ctime) is the one recorded there,
-  and read otherwise. Measured on the stdlib (1,790 files, ~30 MB, 2-core
-  machine): listing and hashing every file takes 0.5-0.9 s, listing and
-  stat alone 0.3 s; so the first run reads every byte and later runs read
-  only the files that changed, which keeps a large user corpus cheap too.
-  The fingerprint covers names, sizes and contents, not times, so a file
-  touched but unchanged changes nothing.
-
-  Args:
-    files: relative name -> path (the names are what the fingerprint sees,
-      so a corpus moved elsewhere keeps its fingerprint).
-    previous: the record a previous call returned (or {}).
-
-  Returns:
-    (hex fingerprint, record): the record maps each full path to
-    [relative name, size, mtime_ns, ctime_ns, sha256], for the next call.
-  """
-  record = {}
-  h = hashlib.sha256()
-  for name, path in sorted(files.items()):
-    signature = _stat_signature(path)
-    known = previous.get(os.fspath(path))
-    if known and known[0] == name and known[1:4] == signature:
-      sha = known[4]
-    else:
-      sha = _file_sha256(path)
-    record[os.fspath(path)] = [name, *signature, sha]
-    h.update(json.dumps([name, signature[0], sha]).encode('utf-8') + b'\n')
-  return h.hexdigest(), record
-
-
 def _read_files(files: dict[str, epath.Path], reading: Reading,
                 max_corpus_chars: int) -> dict[str, epath.Path]:
   """The files to read (all, or those the cap keeps), sizes noted."""
-  sizes = {name: _stat_signature(path)[0] for name, path in files.items()}
+  sizes = {name: corpus_manifest.stat_signature(path)[0] for name, path in files.items()}
   reading.matched = len(files)
   reading.smallest = min(sizes.values(), default=0)
   names = sorted(files)
@@ -321,7 +217,7 @@ def read_python_stdlib(
     max_corpus_chars: int = 0) -> tuple[dict[str, list[Document]], Reading]:
   """`python_stdlib_documents` and what reading found."""
   _check_args(max_doc_chars, validation_fraction)
-  root, files = stdlib_files()
+  root, files = corpus_files.stdlib_files()
   reading = Reading(f'the stdlib at {root}')
   texts = {}
   for relpath, path in _read_files(files, reading, max_corpus_chars).items():
@@ -359,29 +255,6 @@ def python_stdlib_documents(
   """
   return read_python_stdlib(max_doc_chars, validation_fraction,
                             max_corpus_chars)[0]
-
-
-def _glob(pattern: str) -> tuple[epath.Path, list[epath.Path]]:
-  """Expands `pattern`; returns (base directory, sorted matches)."""
-  parts = pattern.split('/')
-  fixed = []
-  for part in parts:
-    if _GLOB_CHARS & set(part):
-      break
-    fixed.append(part)
-  if len(fixed) == len(parts):  # No wildcard: a single file.
-    path = epath.Path(pattern)
-    return path.parent, [path] if path.is_file() else []
-  base_str = '/'.join(fixed) or ('/' if pattern.startswith('/') else '.')
-  rest = '/'.join(parts[len(fixed):])
-  if '://' in pattern:
-    base = epath.Path(base_str)
-    matches = [p for p in base.glob(rest) if p.is_file()]
-  else:
-    base = epath.Path(base_str)
-    matches = [pathlib.Path(p) for p in glob.glob(pattern, recursive=True)
-               if os.path.isfile(p)]  # Local: pathlib is cheaper than epath.
-  return base, sorted(matches, key=os.fspath)
 
 
 def _jsonl_texts(path: epath.Path,
@@ -433,7 +306,7 @@ def read_text_files(
     max_corpus_chars: int = 0) -> tuple[dict[str, list[Document]], Reading]:
   """`text_files_documents` and what reading found."""
   _check_args(max_doc_chars, validation_fraction)
-  _, files = text_files(pattern)
+  _, files = corpus_files.text_files(pattern)
   reading = Reading(f'text files {pattern!r}')
   splits = {'train': [], 'validation': []}
   blank_pieces = 0
@@ -495,17 +368,3 @@ def text_files_documents(
   """
   return read_text_files(pattern, text_field, max_doc_chars,
                          validation_fraction, max_corpus_chars)[0]
-
-
-def corpus_fingerprint(splits: dict[str, list[Document]]) -> str:
-  """A sha256 hex digest of every split's doc ids and texts, in order."""
-  h = hashlib.sha256()
-  for name, docs in splits.items():
-    h.update(f'split:{name}:{len(docs)}\0'.encode('utf-8'))
-    for doc in docs:
-      for field in (doc.doc_id, doc.text):
-        data = field.encode('utf-8')
-        # Length prefixes keep ('ab', 'c') and ('a', 'bc') apart.
-        h.update(len(data).to_bytes(8, 'little'))
-        h.update(data)
-  return h.hexdigest()

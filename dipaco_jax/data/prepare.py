@@ -3,7 +3,7 @@
 Output (under `{workdir}/data/`): `train.npz`, `validation.npz` (TokenDocs),
 `units.npz` (per split, each document's split unit: its file, see
 `corpora.unit_of`), `manifest.json` (the corpus files' sizes, times and
-sha256, see `corpora.file_manifest`) and `info.json`, written last, with
+sha256, see `corpus_manifest.file_manifest`) and `info.json`, written last, with
 the stage's key, the corpus fingerprint and the tokenizer hash.
 
 Keying. The stage is reused when its key is the one in `info.json`; the key
@@ -29,6 +29,8 @@ from absl import logging
 from etils import epath
 
 from dipaco_jax.data import corpora
+from dipaco_jax.data import corpus_files
+from dipaco_jax.data import corpus_manifest
 from dipaco_jax.data import token_store
 from dipaco_jax.data import tokenizer as tokenizer_lib
 from dipaco_jax.store import atomic
@@ -83,7 +85,7 @@ def corpus_inputs(data_config, previous: dict) -> tuple[dict, dict]:
   Args:
     data_config: `config.data`.
     previous: the file record of the last run (`data/manifest.json`), so
-      that only changed files are read (`corpora.file_manifest`).
+      that only changed files are read (`corpus_manifest.file_manifest`).
 
   Returns:
     (inputs, record): inputs is {"corpus": ..., "tokenizer_model": ...},
@@ -95,10 +97,10 @@ def corpus_inputs(data_config, previous: dict) -> tuple[dict, dict]:
   d = data_config
   record = {}
   if d.corpus == "text_files":
-    corpus, record = corpora.file_manifest(
-        corpora.text_files(d.text_glob)[1], previous)
+    corpus, record = corpus_manifest.file_manifest(
+        corpus_files.text_files(d.text_glob)[1], previous)
   elif d.corpus == "python_stdlib":
-    corpus, record = corpora.file_manifest(corpora.stdlib_files()[1],
+    corpus, record = corpus_manifest.file_manifest(corpus_files.stdlib_files()[1],
                                            previous)
   elif d.corpus == "c4":
     from dipaco_jax.data import c4  # pylint: disable=g-import-not-at-top
@@ -113,7 +115,7 @@ def corpus_inputs(data_config, previous: dict) -> tuple[dict, dict]:
     # The given model's bytes: a file replaced at the same path must not
     # leave documents encoded by the old one. Its record entry is kept with
     # the corpus files'.
-    tokenizer, entry = corpora.file_manifest(
+    tokenizer, entry = corpus_manifest.file_manifest(
         {"tokenizer_model": epath.Path(d.tokenizer_model)}, previous)
     record.update(entry)
   return {"corpus": corpus, "tokenizer_model": tokenizer}, record
@@ -316,12 +318,12 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
   # half-way leaves no key that would reuse a mix of old and new files.
   if info_path.exists():
     info_path.unlink()
-  fingerprint = corpora.corpus_fingerprint(splits)
+  fingerprint = corpus_manifest.corpus_fingerprint(splits)
   tok = tokenizer_lib.load_or_train_tokenizer(
       workdir, lambda: (doc.text for doc in splits["train"]),
       data_config.vocab_size, data_config.tokenizer_model, seed,
       data_config.tokenizer_max_sentences,
-      texts_key=corpora.corpus_fingerprint({"train": splits["train"]})[:16])
+      texts_key=corpus_manifest.corpus_fingerprint({"train": splits["train"]})[:16])
   print(f"[data] tokenizer: {tok.vocab_size} pieces", flush=True)
   docs = {s: token_store.encode_documents(
       tok, [doc.text for doc in splits[s]], tok.vocab_size) for s in _SPLITS}

@@ -1,0 +1,85 @@
+"""Fingerprints of a corpus, so the data stage knows what changed.
+
+* `file_manifest`: the corpus's files (names, sizes, contents), taken
+  before reading them, cheap on a second run (only changed files are read).
+* `corpus_fingerprint`: the documents a corpus was read into, in order.
+"""
+
+import hashlib
+import json
+import os
+
+from etils import epath
+
+
+def stat_signature(path: epath.Path) -> list[int]:
+  """[size, mtime_ns, ctime_ns] of a local file; [size, mtime_ns, 0] of
+  an object in a bucket.
+
+  ctime too: a tool can set mtime back (`cp -p`, `rsync -t`, `touch -d`),
+  never ctime, so an edit that keeps the size and the mtime is still seen.
+  """
+  name = os.fspath(path)
+  if '://' not in name:
+    st = os.stat(name)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+  st = path.stat()
+  return [int(st.length), int((st.mtime or 0) * 1e9), 0]
+
+
+def _file_sha256(path: epath.Path) -> str:
+  h = hashlib.sha256()
+  with path.open('rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      h.update(block)
+  return h.hexdigest()
+
+
+def file_manifest(files: dict[str, epath.Path],
+                  previous: dict) -> tuple[str, dict]:
+  """A fingerprint of the files' names and bytes, cheap on a second run.
+
+  Each file's sha256 is taken from `previous` (the record of the last run)
+  when its stat signature (size, mtime, ctime) is the one recorded there,
+  and read otherwise. Measured on the stdlib (1,790 files, ~30 MB, 2-core
+  machine): listing and hashing every file takes 0.5-0.9 s, listing and
+  stat alone 0.3 s; so the first run reads every byte and later runs read
+  only the files that changed, which keeps a large user corpus cheap too.
+  The fingerprint covers names, sizes and contents, not times, so a file
+  touched but unchanged changes nothing.
+
+  Args:
+    files: relative name -> path (the names are what the fingerprint sees,
+      so a corpus moved elsewhere keeps its fingerprint).
+    previous: the record a previous call returned (or {}).
+
+  Returns:
+    (hex fingerprint, record): the record maps each full path to
+    [relative name, size, mtime_ns, ctime_ns, sha256], for the next call.
+  """
+  record = {}
+  h = hashlib.sha256()
+  for name, path in sorted(files.items()):
+    signature = stat_signature(path)
+    known = previous.get(os.fspath(path))
+    if known and known[0] == name and known[1:4] == signature:
+      sha = known[4]
+    else:
+      sha = _file_sha256(path)
+    record[os.fspath(path)] = [name, *signature, sha]
+    h.update(json.dumps([name, signature[0], sha]).encode('utf-8') + b'\n')
+  return h.hexdigest(), record
+
+
+def corpus_fingerprint(splits: dict[str, list]) -> str:
+  """A sha256 hex digest of every split's doc ids and texts, in order."""
+  h = hashlib.sha256()
+  for name, docs in splits.items():
+    h.update(f'split:{name}:{len(docs)}\0'.encode('utf-8'))
+    for doc in docs:
+      for field in (doc.doc_id, doc.text):
+        data = field.encode('utf-8')
+        # Length prefixes keep ('ab', 'c') and ('a', 'bc') apart.
+        h.update(len(data).to_bytes(8, 'little'))
+        h.update(data)
+  return h.hexdigest()
