@@ -26,7 +26,6 @@ The settings a workdir's runs were trained with are those of its
 `config.json`, written by the last job that passed the check.
 """
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -38,7 +37,6 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from dipaco_jax import config_base
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.data import batches as batches_lib
 from dipaco_jax.data import prepare
@@ -48,47 +46,23 @@ from dipaco_jax.model import bank as bank_lib
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
 from dipaco_jax.parallel import multihost
+from dipaco_jax.stages import run_configs
 from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import loop
 from dipaco_jax.train import state as state_lib
 
 
-# Data fields that reach training by another hash: the data stage's through
-# the corpus and tokenizer hashes (`DataBundle.hashes`), prefix_len through
-# routing (the shards' hashes); prefetch not at all.
-_DATA_NOT_HASHED = (*prepare.DATA_STAGE_FIELDS, "prefix_len", "prefetch")
-
-
-def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
-  """What determines a run's training numbers beyond its inputs (data,
-  shards, initial model), whose own hashes the checkpoints carry too; as
-  JSON values (tuples become lists)."""
-  keep = config.to_dict()
-  # Routing and evaluation reach training only through the shards, whose
-  # own hashes are checked; `base` only through the base run's own config.
-  for section in ("ckpt", "eval", "routing", "base"):
-    keep.pop(section, None)
-  keep["train"] = {k: v for k, v in keep["train"].items()
-                   if k not in ("log_every", "eval_batch_size")}
-  keep["data"] = {k: v for k, v in keep["data"].items()
-                  if k not in data_not_hashed}
-  return json.loads(json.dumps(keep, sort_keys=True, default=str))
-
-
-def _hash(fields: dict) -> str:
-  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()
-                        ).hexdigest()[:16]
-
-
-def training_hash(config) -> str:
-  """Hash of `training_fields` (not logging, checkpoints or inputs)."""
-  return _hash(training_fields(config))
-
-
-def legacy_training_hash(config) -> str:
-  """`training_hash` as it was before the data stage's fields were left
-  out (they are in the data hashes): checkpoints made then carry it."""
-  return _hash(training_fields(config, data_not_hashed=("prefetch",)))
+# The runs' configs and hashes (`stages/run_configs.py`), under the names
+# the pipeline, the tests and the scripts use.
+training_fields = run_configs.training_fields
+training_hash = run_configs.training_hash
+legacy_training_hash = run_configs.legacy_training_hash
+derive_config = run_configs.derive_config
+base_config_of = run_configs.base_config_of
+path_steps = run_configs.path_steps
+dense_config_of = run_configs.dense_config_of
+discriminative_config_of = run_configs.discriminative_config_of
+planned_runs = run_configs.planned_runs
 
 
 def config_hash_of_run(run_dir, config) -> str:
@@ -100,80 +74,6 @@ def config_hash_of_run(run_dir, config) -> str:
   new, legacy = training_hash(config), legacy_training_hash(config)
   stored = checkpoint_hashes(run_dir) or {}
   return legacy if stored.get("config") == legacy != new else new
-
-
-def derive_config(config, **overrides):
-  """A copy of `config` with dotted-path overrides ('train.num_steps')."""
-  out = copy.deepcopy(config)
-  out.unlock()
-  for dotted, value in overrides.items():
-    section, key = dotted.split(".")
-    out[section][key] = value
-  return out
-
-
-# A run with one worker and no outer step (H = 0) never reads the outer
-# optimizer's settings: they are set to the defaults, so that changing them
-# for the DiPaCo/DiLoCo runs leaves the base and dense runs' hashes and
-# checkpoints alone. Reset in the config, not only left out of the hash:
-# the checkpoint holds the outer optimizer's (unused) state, whose shape
-# depends on the optimizer.
-_NO_OUTER_STEP = {f"diloco.{k}": v
-                  for k, v in config_base.base_config().diloco.items()
-                  if k != "inner_steps"}
-_DENSE = {"paths.shape": "1", "paths.num_replicas": 1,
-          "paths.private_layers": "", "paths.layers_per_level": "",
-          "paths.private_embedding": False, "diloco.inner_steps": 0,
-          **_NO_OUTER_STEP}
-
-
-def base_config_of(config):
-  """The dense base run that paths (or replicas) fork from."""
-  return derive_config(config, **_DENSE, **{
-      "train.num_steps": config.base.num_steps,
-      "train.batch_size": config.base.batch_size or config.train.batch_size})
-
-
-def path_steps(config) -> int:
-  """Steps each path trains after the base (both phases)."""
-  return config.train.num_steps + max(config.routing.discriminative_steps, 0)
-
-
-def dense_config_of(config):
-  """DiPaCo's dense baseline: one path's size, continued from the same
-  base for the same steps and batch as each path."""
-  return derive_config(config, **_DENSE, **{
-      "train.num_steps": path_steps(config)})
-
-
-def discriminative_config_of(config):
-  """The discriminative phase: the paths trained again on new shards."""
-  return derive_config(config, **{
-      "train.num_steps": config.routing.discriminative_steps})
-
-
-def _plan(config) -> list[tuple[str, object, str | None]]:
-  """(run name, config, the run it starts from or None) of every training
-  run that `pipeline.run` makes for `config` (kept in step with it)."""
-  # Imported here: dense_scaling imports this module.
-  from dipaco_jax.stages import dense_scaling  # pylint: disable=g-import-not-at-top
-  base = "base" if config.base.num_steps > 0 else None
-  runs = [("base", base_config_of(config), None)] if base else []
-  if paths_lib.topology_from_config(config).num_paths == 1:
-    return runs + [("main", config, base)]
-  runs.append(("dipaco", config, base))
-  if config.routing.discriminative_steps > 0:
-    runs.append(("dipaco_discriminative", discriminative_config_of(config),
-                 "dipaco"))
-  runs.append(("dense", dense_config_of(config), base))
-  runs += [(spec.name, spec.config, base if spec.role == "same_flops"
-            else None) for spec in dense_scaling.specs(config)]
-  return runs
-
-
-def planned_runs(config) -> dict:
-  """Run name (`runs/NAME`) -> config of every training run of `config`."""
-  return {name: cfg for name, cfg, _ in _plan(config)}
 
 
 # --- Run directories that already have checkpoints --------------------------
@@ -278,7 +178,7 @@ def check_workdir(config, workdir) -> None:
   except Exception:  # pylint: disable=broad-exception-caught
     return  # A config.json this code cannot read as a config: as above.
   runs_dir = epath.Path(workdir) / "runs"
-  plan = _plan(config)
+  plan = run_configs.plan(config)
   planned = {name: cfg for name, cfg, _ in plan}
   trained = [n for n in planned if has_checkpoints(runs_dir / n)]
   changed = {}
