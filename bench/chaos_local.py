@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from dipaco_jax import testing_damage as damage_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 STEPS, EVERY, KEEP = 40, 10, 3
 STEP_DIRS = [STEPS - EVERY * i for i in range(KEEP)]  # kept: 40, 30, 20
 SMALL = ["--fake_devices=8", "--config.base.num_steps=20",
@@ -191,35 +193,24 @@ def committed_steps(workdir: Path, run="dipaco") -> list[int]:
                 if p.name.isdigit()) if d.is_dir() else []
 
 
-def largest_file(step_dir: Path, item="inner") -> Path:
-  """The biggest array data file of an item (an ocdbt data file)."""
-  files = [p for p in (step_dir / item).rglob("*") if p.is_file()
-           and p.parent.name == "d"]
-  return max(files, key=lambda p: (p.stat().st_size, p.name))
+def flip_bit(step_dir: Path, item="inner") -> str:
+  """One bit flipped where it changes a stored value (see testing_damage:
+  OCDBT data files also hold superseded b-tree nodes no restore reads)."""
+  return _damage(step_dir, item, damage_lib.flip_bit)
 
 
-def flip_bit(path: Path) -> str:
-  data = bytearray(path.read_bytes())
-  at = len(data) // 2
-  data[at] ^= 0x10
-  path.write_bytes(bytes(data))
-  return f"bit 4 of byte {at:,} flipped in {_rel(path)}"
+def truncate(step_dir: Path, item="inner") -> str:
+  return _damage(step_dir, item, damage_lib.truncate)
 
 
-def truncate(path: Path) -> str:
-  size = path.stat().st_size
-  os.truncate(path, size // 2)
-  return f"{_rel(path)} truncated {size:,} -> {size // 2:,} bytes"
+def overwrite_64k(step_dir: Path, seed: int, item="inner") -> str:
+  return _damage(step_dir, item, lambda path, attempt:
+                 damage_lib.overwrite_64k(path, attempt, seed))
 
 
-def overwrite_64k(path: Path, seed: int) -> str:
-  size = path.stat().st_size
-  at = max(0, size // 2 - 32768)
-  junk = random.Random(seed).randbytes(65536)
-  with open(path, "r+b") as f:
-    f.seek(at)
-    f.write(junk)
-  return f"64 KiB at {at:,} overwritten in {_rel(path)} ({size:,} bytes)"
+def _damage(step_dir: Path, item: str, kind) -> str:
+  what = damage_lib.damage_that_matters(step_dir / item, kind)
+  return f"{_rel(step_dir / item)}: {what}"
 
 
 def _rel(path: Path) -> str:
@@ -494,11 +485,11 @@ class Chaos:
         "2 one bit flipped in the latest checkpoint",
         f"one line names step {s40}; falls back to step {s30}; results equal "
         "the uninterrupted run", "c2_bitflip",
-        lambda w: flip_bit(largest_file(step(w, s40))), [s40], s30)
+        lambda w: flip_bit(step(w, s40)), [s40], s30)
 
     def bitflip_earlier_truncate_latest(w):
-      return (flip_bit(largest_file(step(w, s30))) + "; "
-              + truncate(largest_file(step(w, s40))))
+      return (flip_bit(step(w, s30)) + "; "
+              + truncate(step(w, s40)))
     self.damaged(
         "3 bit flipped in an earlier checkpoint + the latest truncated",
         f"one line each for steps {s40}, {s30}; falls back to the oldest "
@@ -508,12 +499,12 @@ class Chaos:
         "3b every kept checkpoint damaged (bit flips)",
         "one line per step, then refuses: exit 2, one stderr line; never "
         "trains on a damaged one", "c3b_all_damaged",
-        lambda w: "; ".join(flip_bit(largest_file(step(w, s)))
+        lambda w: "; ".join(flip_bit(step(w, s))
                             for s in STEP_DIRS), STEP_DIRS, None)
 
     def overwrite_and_truncate(w):
-      return (overwrite_64k(largest_file(step(w, s40)), seed) + "; "
-              + truncate(largest_file(step(w, s30), "outer")))
+      return (overwrite_64k(step(w, s40), seed) + "; "
+              + truncate(step(w, s30), "outer"))
     self.damaged(
         "4 64 KiB overwritten (latest) + a file truncated (previous)",
         f"one line each for steps {s40}, {s30}; falls back to {s20}; results "

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dipaco_jax import testing
+from dipaco_jax import testing_damage as damage_lib
 from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import loop
 
@@ -88,34 +89,12 @@ def _restore_latest(run_dir, hashes=None):
     ckpt.close()
 
 
-# Damage.
+# Damage, placed where it changes a stored value (see testing_damage).
 
 
-def _largest_data_file(run_dir, step, item):
-  """The largest array data file (ocdbt `d/` file) of an item."""
-  files = [p for p in (run_dir / "checkpoints" / str(step) / item).rglob("*")
-           if p.is_file() and p.parent.name == "d"]
-  assert files, f"no data files under {step}/{item}"
-  return max(files, key=lambda p: p.stat().st_size)
-
-
-def _flip_bit(path):
-  data = bytearray(path.read_bytes())
-  data[len(data) // 2] ^= 0x10
-  path.write_bytes(bytes(data))
-
-
-def _truncate(path):
-  data = path.read_bytes()
-  path.write_bytes(data[:len(data) // 2])
-
-
-def _overwrite_64k(path):
-  data = bytearray(path.read_bytes())
-  size = min(64 * 1024, len(data))
-  start = max(0, len(data) // 2 - size // 2)
-  data[start:start + size] = np.random.default_rng(0).bytes(size)
-  path.write_bytes(bytes(data))
+def _damage(run_dir, step, item, kind=damage_lib.flip_bit):
+  return damage_lib.damage_that_matters(
+      run_dir / "checkpoints" / str(step) / item, kind)
 
 
 def _lines(capsys):
@@ -132,7 +111,7 @@ def test_async_saves_write_one_checksums_file_per_kept_step(preempted):
 
 def test_bit_flip_in_latest_falls_back_and_resume_is_exact(
     run_dir, straight, capsys):
-  _flip_bit(_largest_data_file(run_dir, 6, "inner"))
+  _damage(run_dir, 6, "inner")
   result = _resume(run_dir)
   lines = _lines(capsys)
   assert result.resumed_from == 4
@@ -151,7 +130,7 @@ def test_bit_flip_in_latest_falls_back_and_resume_is_exact(
 
 def test_damaged_earlier_checkpoint_is_not_used_when_the_latest_is_intact(
     run_dir, straight, capsys):
-  _flip_bit(_largest_data_file(run_dir, 4, "outer"))
+  _damage(run_dir, 4, "outer")
   result = _resume(run_dir)
   assert result.resumed_from == 6
   assert not _lines(capsys)
@@ -161,8 +140,8 @@ def test_damaged_earlier_checkpoint_is_not_used_when_the_latest_is_intact(
 
 def test_truncated_latest_and_flipped_earlier_fall_back_to_the_oldest(
     run_dir, straight, capsys):
-  _truncate(_largest_data_file(run_dir, 6, "inner"))
-  _flip_bit(_largest_data_file(run_dir, 4, "inner"))
+  _damage(run_dir, 6, "inner", damage_lib.truncate)
+  _damage(run_dir, 4, "inner")
   result = _resume(run_dir)
   lines = _lines(capsys)
   assert result.resumed_from == 2
@@ -176,7 +155,7 @@ def test_truncated_latest_and_flipped_earlier_fall_back_to_the_oldest(
 
 def test_every_checkpoint_damaged_is_one_clear_error(run_dir, capsys):
   for step in (2, 4, 6):
-    _flip_bit(_largest_data_file(run_dir, step, "outer"))
+    _damage(run_dir, step, "outer")
   with pytest.raises(ckpt_lib.CheckpointDamagedError) as error:
     _restore_latest(run_dir)
   message = str(error.value)
@@ -196,9 +175,9 @@ def test_damaged_latest_falls_back(run_dir, damage, capsys):
   step_dir = run_dir / "checkpoints" / "6"
   sums = run_dir / "checkpoints" / "checksums" / "6.json"
   if damage == "truncate":
-    _truncate(_largest_data_file(run_dir, 6, "inner"))
+    _damage(run_dir, 6, "inner", damage_lib.truncate)
   elif damage == "overwrite_64k":
-    _overwrite_64k(_largest_data_file(run_dir, 6, "outer"))
+    _damage(run_dir, 6, "outer", damage_lib.overwrite_64k)
   elif damage == "item_metadata_deleted":
     (step_dir / "inner" / "_METADATA").unlink()
   elif damage == "meta_metadata_deleted":
@@ -252,7 +231,7 @@ def test_sync_saves_are_verified_too(tmp_path):
   ckpt.close()
   assert sorted(p.name for p in (ckpt_dir / "checksums").iterdir()) == [
       "2.json", "3.json"]
-  _flip_bit(_largest_data_file(tmp_path, 3, "inner"))
+  _damage(tmp_path, 3, "inner")
   ckpt = ckpt_lib.Checkpointer(str(ckpt_dir), 1, 2, async_save=False)
   restored, _, step = ckpt.restore_latest(runtime.abstract_state, HASHES)
   ckpt.close()
