@@ -137,6 +137,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.outer_momentum = 0.9
   c.diloco.weight_by_shard_size = True  # Paper Eq. 2-3.
   c.diloco.rescale_by_sqrt_users = False  # Paper section 2.7 (multiply).
+  # DiLoCoX communication (diloco/delay.py, diloco/compress.py). The
+  # defaults are plain DiLoCo/DiPaCo and leave the run's settings hash as
+  # it was before these fields existed (stages/run_configs.py).
+  c.diloco.delay = "none"  # none | one_round | eager
+  c.diloco.compression = "none"  # none | int8 | int4 | e3m0 | lowrank | topk
+  c.diloco.error_feedback = False  # Keep what compression drops, per worker.
+  c.diloco.compression_block_size = 256  # int8/int4/e3m0: values per scale.
+  c.diloco.compression_rank_min = 1  # lowrank: the adaptive rank's bounds.
+  c.diloco.compression_rank_max = 32
+  c.diloco.compression_energy = 0.9  # lowrank: share of |delta|^2 kept.
+  c.diloco.compression_topk_fraction = 0.01  # topk: share of entries sent.
+  # Per-module overrides, "slot=key:value+key:value;slot2=...", e.g.
+  # "level_0=compression:int8+delay:none" (slots: paths.Topology).
+  c.diloco.per_slot = ""
 
   # --- Training -----------------------------------------------------------
   c.train = ml_collections.ConfigDict()

@@ -110,6 +110,13 @@ _RANGES = (
            "the workers' updates"),
     _Range("diloco.outer_momentum", _F, 0, 1,
            why="the Nesterov/SGD momentum or Adam's b1"),
+    _Range("diloco.compression_block_size", _I, 1),
+    _Range("diloco.compression_rank_min", _I, 1),
+    _Range("diloco.compression_rank_max", _I, 1),
+    _Range("diloco.compression_energy", _F, 0, 1, low_open=True,
+           high_open=False, why="the share of the delta's energy kept"),
+    _Range("diloco.compression_topk_fraction", _F, 0, 1, low_open=True,
+           high_open=False, why="the share of entries sent"),
     _Range("train.num_steps", _I, 1),
     _Range("train.batch_size", _I, 1),
     _Range("train.log_every", _I, 1),
@@ -123,7 +130,8 @@ _BOOL_FIELDS = (
     "model.scan_layers", "model.tie_embeddings", "paths.private_embedding",
     "eval.learned_reroute", "eval.dump_reroute_data", "eval.early_stopping",
     "eval.dense_same_flops", "diloco.weight_by_shard_size",
-    "diloco.rescale_by_sqrt_users", "ckpt.async_save")
+    "diloco.rescale_by_sqrt_users", "diloco.error_feedback",
+    "ckpt.async_save")
 
 # String fields that take one of a few values (the others are free text).
 _CHOICES = {
@@ -137,6 +145,9 @@ _CHOICES = {
     "eval.window_router_objective": ("expected_nll", "best_path"),
     "inner_opt.name": ("adamw", "sgd"),
     "diloco.outer_optimizer": ("nesterov", "sgd", "adam"),
+    "diloco.delay": ("none", "one_round", "eager"),
+    "diloco.compression": ("none", "int8", "int4", "e3m0", "lowrank",
+                           "topk"),
 }
 
 

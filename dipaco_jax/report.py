@@ -220,6 +220,10 @@ def train_summary(run) -> dict:
              np.mean(result.final_losses_W))}
   if getattr(exp, "store_bytes", None) is not None:  # Islands: measured.
     out["store_bytes"] = exp.store_bytes
+  sent = (exp.bytes_sent() if getattr(exp, "store_bytes", None) is None
+          else None)
+  if sent is not None:  # DiLoCoX compression: measured payloads.
+    out["bytes_sent"] = sent
   saved = metrics_lib.read_run_summary(exp.run_dir)
   if saved is not None and saved["steps"] == result.steps:
     out.update({k: saved[k] for k in ("tokens_per_s", "train_seconds",

@@ -48,6 +48,7 @@ from dipaco_jax.parallel import mesh as mesh_lib
 from dipaco_jax.parallel import multihost
 from dipaco_jax.stages import run_configs
 from dipaco_jax.train import checkpoint as ckpt_lib
+from dipaco_jax.train import metrics as metrics_lib
 from dipaco_jax.train import loop
 from dipaco_jax.train import state as state_lib
 
@@ -333,18 +334,36 @@ class Experiment:
     return bank_lib.bank_path(self.host_bank(state), self.topology, path)
 
   def bytes_communicated(self) -> int:
-    """Outer syncs x workers x (module deltas up + parameters down), f32;
-    on islands, what the roles wrote to and read from the store."""
+    """Outer syncs x workers x (module deltas up + parameters down), f32
+    (the deltas up as measured when they are compressed); on islands, what
+    the roles wrote to and read from the store."""
     if self.store_bytes is not None:
       return int(self.store_bytes["total"])
     h = self.config.diloco.inner_steps
     if not h or self.topology.num_workers == 1:
       return 0
-    # Every worker holds one whole path: the model's parameters.
-    path_bytes = sum(int(np.prod(x.shape)) * 4 for x in jax.tree.leaves(
-        self.runtime.boxed_path_params()))
     syncs = self.config.train.num_steps // h
-    return 2 * syncs * self.topology.num_workers * path_bytes
+    down = syncs * self.topology.num_workers * self._path_bytes()
+    sent = self.bytes_sent()
+    return down + (down if sent is None else sent["total"])
+
+  def _path_bytes(self) -> int:
+    """Every worker holds one whole path: the model's parameters, f32."""
+    return sum(int(np.prod(x.shape)) * 4 for x in jax.tree.leaves(
+        self.runtime.boxed_path_params()))
+
+  def bytes_sent(self) -> dict | None:
+    """The workers' contributions as sent (DiLoCoX compression), measured
+    per outer step: {"total", "per_worker_round", "float32_per_worker_round",
+    "rounds"}; None for a run that sends them uncompressed."""
+    rows = metrics_lib.read_jsonl(
+        self.run_dir / "logs" / "train" / metrics_lib.COMM_LOG)
+    if not rows:
+      return None
+    sent_RxW = np.array([r["sent_bytes_W"] for r in rows], np.float64)
+    return {"total": int(sent_RxW.sum()), "rounds": len(rows),
+            "per_worker_round": float(sent_RxW.mean()),
+            "float32_per_worker_round": self._path_bytes()}
 
 
 @dataclasses.dataclass(frozen=True)

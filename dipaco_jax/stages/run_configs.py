@@ -31,7 +31,18 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
                    if k not in ("log_every", "eval_batch_size")}
   keep["data"] = {k: v for k, v in keep["data"].items()
                   if k not in data_not_hashed}
+  # DiLoCoX's fields enter only when set: a plain DiLoCo/DiPaCo run keeps
+  # the hash (and the checkpoints) it had before they existed.
+  defaults = config_base.base_config().diloco
+  keep["diloco"] = {k: v for k, v in keep["diloco"].items()
+                    if k not in _COMM_FIELDS or v != defaults[k]}
   return json.loads(json.dumps(keep, sort_keys=True, default=str))
+
+
+_COMM_FIELDS = ("delay", "compression", "error_feedback",
+                "compression_block_size", "compression_rank_min",
+                "compression_rank_max", "compression_energy",
+                "compression_topk_fraction", "per_slot")
 
 
 def _hash(fields: dict) -> str:

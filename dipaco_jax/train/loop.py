@@ -79,6 +79,9 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     metrics_lib.drop_rows_after(     # run again.
         run_dir / "logs" / "train" / "metrics.jsonl", start)
   writer = metrics_lib.MetricWriter(str(run_dir)) if writes else None
+  comm_log = run_dir / "logs" / "train" / metrics_lib.COMM_LOG
+  if latest is not None and writes:
+    metrics_lib.drop_rows_after(comm_log, start)
   tokens_per_step = (runtime.topology.num_workers * c.train.batch_size *
                      c.data.seq_len)
   progress = metrics_lib.Progress(name, start, num_steps, tokens_per_step)
@@ -128,6 +131,12 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         done = step + 1
         if sync_every and done % sync_every == 0:
           state = _sync_round(sync, done // sync_every - 1, state)
+          if writes and "sent_bytes_W" in state["inner"]:
+            # What each worker's compressed contribution weighed this
+            # round (a low rank's adapts): measured, not computed.
+            metrics_lib.append_jsonl(comm_log, {
+                "step": done, "sent_bytes_W": np.asarray(multihost.to_host(
+                    state["inner"]["sent_bytes_W"])).tolist()})
           if done == num_steps:
             # A delayed synchronizer's open rounds, before the final save.
             state = sync_lib.finish_remaining(sync, done // sync_every - 1,

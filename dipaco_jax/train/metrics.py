@@ -50,6 +50,18 @@ def drop_rows_after(path, step: int) -> None:
         json.dumps(r) + "\n" for r in rows if r["step"] <= step))
 
 
+# Per outer step, the payload bytes each worker sent (DiLoCoX compression):
+# `logs/train/comm.jsonl`, rows {"step", "sent_bytes_W"}.
+COMM_LOG = "comm.jsonl"
+
+
+def append_jsonl(path, row: dict) -> None:
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with path.open("a") as f:
+    f.write(json.dumps(row) + "\n")
+
+
 def read_jsonl(path) -> list[dict]:
   path = epath.Path(path)
   if not path.exists():

@@ -28,6 +28,8 @@ import numpy as np
 import optax
 
 from dipaco_jax import paths as paths_lib
+from dipaco_jax.diloco import comm as comm_lib
+from dipaco_jax.diloco import comm_step
 from dipaco_jax.diloco import inner as inner_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.model import bank as bank_lib
@@ -64,6 +66,10 @@ class Runtime:
         else np.ones(self.topology.num_workers))
     self.inner_tx = inner_lib.inner_optimizer(c.inner_opt, c.train.num_steps)
     self.outer_tx = outer_lib.outer_optimizer(c.diloco)
+    # Each slot's delay and compressor (DiLoCoX); all "plain" is the chain
+    # of `diloco.outer` exactly as without them.
+    self.comms = comm_lib.comm_by_slot(c, self.topology.slots)
+    self.comm_plain = comm_lib.all_plain(self.comms)
     self._build_shardings()
     self.init_state = self._jit_init()
     self._all_finite = jax.jit(lambda s: jnp.all(jnp.stack([
@@ -71,6 +77,7 @@ class Runtime:
             (s["inner"]["params"], s["outer"]["params"]))])))
     self.inner_step = self._jit_inner_step()
     self.outer_step = self._jit_outer_step()
+    self.flush_step = self._jit_flush_step()
 
   # --- Shapes and shardings ---------------------------------------------
 
@@ -120,10 +127,41 @@ class Runtime:
                           for name in self.slot_names},
         },
     }
+    self._add_comm_shardings(abstract, worker_vector, replicated)
     self.abstract_state = jax.tree.map(
         lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
         abstract, self.state_shardings)
     self.batch_sharding = mesh_lib.batch_sharding(self.mesh, self.rules)
+
+  def _add_comm_shardings(self, abstract, worker_vector, replicated):
+    """Shardings of what DiLoCoX's communication adds to the state
+    (`diloco.comm_step`): per-worker trees like the workers' parameters,
+    the pending pseudo-gradients like the bank."""
+    inner, outer = abstract["inner"], abstract["outer"]
+    inner_sh = self.state_shardings["inner"]
+    outer_sh = self.state_shardings["outer"]
+    for key in ("anchor", "residual", "prev_sent"):
+      if key in inner:
+        inner_sh[key] = {n: self.inner_param_shardings[n]
+                         for n in inner[key]}
+    if "eager_opt" in inner:  # Each worker's own outer optimizer state.
+      inner_sh["eager_opt"] = {n: optax.tree_map_params(
+          self.outer_tx, lambda _, sh: sh, inner["eager_opt"][n],
+          self.inner_param_shardings[n],
+          transform_non_params=lambda leaf: (
+              worker_vector if leaf.ndim else replicated))
+                               for n in inner["eager_opt"]}
+    if "codec_state" in inner:
+      inner_sh["codec_state"] = jax.tree.map(
+          lambda _: worker_vector, inner["codec_state"])
+    if "sent_bytes_W" in inner:
+      inner_sh["sent_bytes_W"] = worker_vector
+    if "pending" in outer:
+      outer_sh["pending"] = {n: self.bank_shardings[n]
+                             for n in outer["pending"]}
+      outer_sh["pending_users"] = {n: replicated
+                                   for n in outer["pending_users"]}
+      outer_sh["has_pending"] = replicated
 
   # --- Init -----------------------------------------------------------------
 
@@ -140,13 +178,17 @@ class Runtime:
   def _state_from_bank(self, bank):
     inner = outer_lib.gather_workers(bank, self.topology.assignment_WxS,
                                      self.slot_names)
+    inner_extra, outer_extra = comm_step.init_extra(self.comms, inner, bank,
+                                                    self.outer_tx)
     return {
         "step": jnp.zeros((), jnp.int32),
         "inner": {"params": inner,
-                  "opt_state": jax.vmap(self.inner_tx.init)(inner)},
+                  "opt_state": jax.vmap(self.inner_tx.init)(inner),
+                  **inner_extra},
         "outer": {"params": bank,
                   "opt_state": outer_lib.init_outer_opt_state(
-                      self.outer_tx, bank)},
+                      self.outer_tx, bank),
+                  **outer_extra},
     }
 
   def _jit_init(self):
@@ -199,6 +241,13 @@ class Runtime:
     return self._in_context(jitted)
 
   def _outer_fn(self, state, weights_W):
+    if not self.comm_plain:
+      outer, inner = comm_step.outer_update(
+          state["outer"], state["inner"], self.outer_tx, comms=self.comms,
+          assignment_WxS=self.topology.assignment_WxS,
+          slot_names=self.slot_names, weights_W=weights_W,
+          rescale_by_sqrt_users=self.config.diloco.rescale_by_sqrt_users)
+      return dict(state, inner=inner, outer=outer)
     inner = state["inner"]
     outer, params, error_feedback = outer_lib.outer_update(
         state["outer"], inner["params"], self.outer_tx,
@@ -215,6 +264,18 @@ class Runtime:
     replicated = mesh_lib.replicated(self.mesh)
     jitted = jax.jit(self._outer_fn,
                      in_shardings=(self.state_shardings, replicated),
+                     out_shardings=self.state_shardings, donate_argnums=0)
+    return self._in_context(jitted)
+
+  def _jit_flush_step(self):
+    """Applies a delayed round still in flight (end of training)."""
+    def flush(state):
+      outer, inner = comm_step.flush(
+          state["outer"], state["inner"], self.outer_tx, comms=self.comms,
+          assignment_WxS=self.topology.assignment_WxS,
+          slot_names=self.slot_names)
+      return dict(state, inner=inner, outer=outer)
+    jitted = jax.jit(flush, in_shardings=(self.state_shardings,),
                      out_shardings=self.state_shardings, donate_argnums=0)
     return self._in_context(jitted)
 

@@ -12,8 +12,16 @@ Rounds still open when training ends are finished in order by the loop
 (`finish_remaining`). Implementations:
 
   InProcessSync   every worker in this SPMD program: the jitted chain of
-                  `diloco.outer` runs inside `finish` (today's runtime).
-  (later)         through a store between islands; one round late.
+                  `diloco.outer` (or, with DiLoCoX's delay or compression,
+                  of `diloco.comm_step`) runs in-process.
+  islands         through a store between islands (`dipaco_jax.islands`).
+
+With a delayed slot (`config.diloco.delay`), the in-process synchronizer is
+an exact simulation of the one-round-late rule: `start(r)` runs the step
+that hands round r over and applies round r - 1 (both live in the state,
+so a checkpoint between them loses nothing), `finish(r - 1)` has nothing
+left to do, and the last round's `finish` applies the round still in
+flight (`Runtime.flush_step`).
 
 The worker weights of the outer step are the synchronizer's, not the
 runtime's: `set_weights` changes them between rounds (0 for a worker whose
@@ -25,6 +33,7 @@ from typing import Protocol
 import jax
 import numpy as np
 
+from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import outer as outer_lib
 
 
@@ -46,12 +55,12 @@ class InProcessSync:
   `state`, so `start` has nothing to send and `finish` runs the whole jitted
   chain (contributions, mixing, outer optimizer, restart) at once."""
 
-  delay = 0
-
   def __init__(self, runtime):
     self.runtime = runtime
+    self.delay = comm_lib.max_delay(runtime.comms)
     self.set_weights(runtime.outer_weights_W)
     self._started = set()
+    self._last_started = -1
 
   def set_weights(self, weights_W) -> None:
     """The workers' weights for the next outer steps (0 = left out)."""
@@ -71,13 +80,23 @@ class InProcessSync:
 
   def start(self, round_index: int, state: dict) -> dict:
     self._started.add(round_index)
+    self._last_started = max(self._last_started, round_index)
+    if self.delay:  # Hands round r over; applies round r - 1.
+      return self.runtime.outer_step(state, self._weights_W)
     return state
 
   def finish(self, round_index: int, state: dict) -> dict:
-    if round_index not in self._started:
-      raise RuntimeError(f"finish({round_index}) before start")
+    if not self.delay:
+      if round_index not in self._started:
+        raise RuntimeError(f"finish({round_index}) before start")
+      self._started.discard(round_index)
+      return self.runtime.outer_step(state, self._weights_W)
+    # A resumed run finishes a round started before its checkpoint: the
+    # state holds it.
     self._started.discard(round_index)
-    return self.runtime.outer_step(state, self._weights_W)
+    if round_index < self._last_started:
+      return state  # Applied by start(round_index + 1).
+    return self.runtime.flush_step(state)
 
 
 def finish_remaining(sync: Synchronizer, last_round: int, state: dict

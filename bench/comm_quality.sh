@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# DiLoCoX communication arms on experiments/diloco.py (DiLoCo x8, H = 50),
+# all from one dense base and one tokenized corpus (issue 11, "Quality"):
+#   diloco_x8     plain DiLoCo (float32 contributions, no delay)
+#   one_round     DiLoCoX's one-round-late outer step
+#   eager         the eager-updates correction of the delay
+#   int4_ef       int4 (per-block absmax) + error feedback
+#   e3m0          4-bit float, no error feedback
+#   lowrank_ef    adaptive low rank (energy 0.9, rank 1-8) + error feedback
+#   topk_ef       top 1% entries with 2-bit values + error feedback
+#   one_round_best  one_round + the compressor chosen below
+# The combined arm's compressor is chosen WITHOUT validation data: among the
+# compressed arms sending at least 100x fewer bytes than float32, the one
+# with the lowest mean training loss over its last 10% of steps.
+# Each arm's results.json lands in OUT_DIR/NAME.json, then OUT_DIR/summary.md
+# (python bench/comm_table.py OUT_DIR) holds the table.
+#
+# Usage: [STEPS=3000] [MAX_CHARS=400000000] [LANES=3] [MODEL="flags"] \
+#        bash bench/comm_quality.sh OUT_DIR [WORK_DIR]
+# LANES arms train at once on the one GPU (small models leave it idle
+# between kernels). Expected: ~25 min on one H100 for the defaults; about
+# 8 min with STEPS=1500 MAX_CHARS=200000000.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?OUT_DIR}; work=${2:-/tmp/comm_quality}
+steps=${STEPS:-3000}; lanes=${LANES:-3}
+read -r -a model <<< "${MODEL:-}"
+mkdir -p "$out" "$work"
+log="$out/comm_quality.log"
+sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+common=(--config=experiments/diloco.py --config.data.corpus=text_files
+        "--config.data.text_glob=$sp/**/*.py"
+        --config.data.max_corpus_chars=${MAX_CHARS:-400000000}
+        --config.train.num_steps=$steps "${model[@]}")
+declare -A ARMS=(
+  [diloco_x8]=""
+  [one_round]="--config.diloco.delay=one_round"
+  [eager]="--config.diloco.delay=eager"
+  [int4_ef]="--config.diloco.compression=int4 --config.diloco.error_feedback=True"
+  [e3m0]="--config.diloco.compression=e3m0"
+  [lowrank_ef]="--config.diloco.compression=lowrank --config.diloco.error_feedback=True --config.diloco.compression_rank_max=8"
+  [topk_ef]="--config.diloco.compression=topk --config.diloco.error_feedback=True"
+)
+run() {  # name, then extra main.py flags
+  local name=$1; shift
+  echo "=== $name: $* ($(date -u +%H:%M:%S))" >> "$log"
+  python3 -m dipaco_jax.main --workdir="$work/$name" "${common[@]}" "$@" \
+    > "$out/$name.log" 2>&1
+  cp "$work/$name/results.json" "$out/$name.json" 2>/dev/null \
+    || echo "!!! $name wrote no results" >> "$log"
+  cp "$work/$name/runs/main/logs/train/metrics.jsonl" \
+    "$out/$name.metrics.jsonl" 2>/dev/null
+  echo "=== $name done ($(date -u +%H:%M:%S))" >> "$log"
+}
+share() {  # reuse the data and the dense base of run $1 in run $2
+  for d in data runs/base shards/base; do
+    mkdir -p "$work/$2/$(dirname $d)"; cp -r "$work/$1/$d" "$work/$2/$d"
+  done
+}
+run diloco_x8
+order=(one_round int4_ef lowrank_ef eager e3m0 topk_ef)
+i=0
+for name in "${order[@]}"; do
+  share diloco_x8 "$name"
+  # shellcheck disable=SC2086
+  run "$name" ${ARMS[$name]} &
+  i=$((i + 1))
+  if (( i % lanes == 0 )); then wait; fi
+done
+wait
+best=$(python3 bench/comm_table.py "$out" --choose)
+echo "=== combined arm: one_round + $best" >> "$log"
+share diloco_x8 one_round_best
+# shellcheck disable=SC2086
+run one_round_best --config.diloco.delay=one_round ${ARMS[$best]}
+python3 bench/comm_table.py "$out" > "$out/summary.md"
+cat "$out/summary.md"

@@ -1,0 +1,98 @@
+"""The table of bench/comm_quality.sh: perplexity and bytes per arm.
+
+  python bench/comm_table.py OUT_DIR            # markdown table
+  python bench/comm_table.py OUT_DIR --choose   # the combined arm's compressor
+
+`--choose` looks at training losses only (the mean over the last 10% of
+logged steps, from each arm's metrics.jsonl), never at validation: among the
+compressed arms that send at least 100x fewer bytes than float32, the one
+with the lowest training loss (else, the fewest bytes).
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+ARMS = ("diloco_x8", "one_round", "eager", "int4_ef", "e3m0", "lowrank_ef",
+        "topk_ef", "one_round_best")
+COMPRESSED = ("int4_ef", "e3m0", "lowrank_ef", "topk_ef")
+
+
+def _load(out: Path, name: str) -> dict | None:
+  path = out / f"{name}.json"
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def train_tail_loss(out: Path, name: str) -> float | None:
+  """Mean training loss over the last 10% of the arm's logged steps."""
+  path = out / f"{name}.metrics.jsonl"
+  if not path.exists():
+    return None
+  rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+  rows = [r for r in rows if "loss" in r]
+  if not rows:
+    return None
+  last = rows[-1]["step"]
+  tail = [r["loss"] for r in rows if r["step"] > 0.9 * last]
+  return sum(tail) / len(tail)
+
+
+def arm_figures(out: Path, name: str) -> dict | None:
+  result = _load(out, name)
+  if result is None:
+    return None
+  (model,) = result["models"].values()
+  run = result["runs"][-1]
+  sent = run.get("bytes_sent")
+  f32 = sent["float32_per_worker_round"] if sent else None
+  per_round = sent["per_worker_round"] if sent else None
+  return {"perplexity": model["perplexity"], "sent": per_round,
+          "float32": f32, "train_loss": train_tail_loss(out, name),
+          "tokens_per_s": run.get("tokens_per_s")}
+
+
+def choose(out: Path) -> str:
+  candidates = []
+  for name in COMPRESSED:
+    f = arm_figures(out, name)
+    if f is None or f["sent"] is None:
+      continue
+    ratio = f["float32"] / f["sent"]
+    candidates.append((ratio < 100, f["train_loss"] or float("inf"),
+                       f["sent"], name))
+  if not candidates:
+    raise SystemExit("no compressed arm finished")
+  return min(candidates)[3]
+
+
+def table(out: Path) -> str:
+  base = arm_figures(out, "diloco_x8")
+  rows = ["| arm | validation perplexity | vs DiLoCo x8 | bytes sent per "
+          "worker per round | fewer than float32 | train loss (last 10%) |",
+          "| --- | --- | --- | --- | --- | --- |"]
+  for name in ARMS:
+    f = arm_figures(out, name)
+    if f is None:
+      continue
+    f32 = f["float32"] or (base or {}).get("float32")
+    sent = f["sent"] if f["sent"] is not None else f32
+    rel = (f"{f['perplexity'] / base['perplexity'] - 1:+.2%}" if base
+           else "")
+    ratio = f"{f32 / sent:,.1f}x" if f32 and sent else "1x"
+    sent_text = f"{sent / 1e6:,.2f} MB" if sent else "float32"
+    loss = f"{f['train_loss']:.4f}" if f["train_loss"] else ""
+    rows.append(f"| {name} | {f['perplexity']:.3f} | {rel} | {sent_text} | "
+                f"{ratio} | {loss} |")
+  return "\n".join(rows)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("out", type=Path)
+  parser.add_argument("--choose", action="store_true")
+  args = parser.parse_args()
+  print(choose(args.out) if args.choose else table(args.out))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,119 @@
+"""How each module's outer step communicates: its delay and its compressor.
+
+`config.diloco.delay` and `config.diloco.compression` (with its knobs) set
+every slot; `config.diloco.per_slot` overrides them for some slots, so a
+module shared by many paths and a path-private one can differ:
+
+  per_slot = "shared=compression:int8;layers_02_03=delay:none+compression:none"
+
+A selector is a slot's name or its kind (shared | level | private); a slot
+takes the settings of its name, else of its kind, else the defaults. Keys:
+delay, compression, error_feedback, and the compression_* knobs without
+their prefix (block_size, rank_min, rank_max, energy, topk_fraction).
+"""
+
+import dataclasses
+
+from dipaco_jax.diloco import compress
+from dipaco_jax.errors import UserError
+
+DELAYS = ("none", "one_round", "eager")
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotComm:
+  """One slot's communication: how late its outer step is applied and how
+  its workers' contributions are compressed."""
+  delay: str = "none"
+  spec: compress.CompressionSpec = compress.CompressionSpec()
+
+  @property
+  def plain(self) -> bool:
+    """Today's DiLoCo step: nothing delayed, nothing compressed."""
+    return (self.delay == "none" and self.spec.name == "none"
+            and not self.spec.error_feedback)
+
+  @property
+  def delayed(self) -> bool:
+    return self.delay != "none"
+
+
+_SPEC_KEYS = {"compression": "name", "error_feedback": "error_feedback",
+              "block_size": "block_size", "rank_min": "rank_min",
+              "rank_max": "rank_max", "energy": "energy",
+              "topk_fraction": "topk_fraction"}
+
+
+def _parse_value(field: str, raw: str):
+  kind = type(getattr(compress.CompressionSpec(), field))
+  if kind is bool:
+    if raw.lower() not in ("true", "false", "1", "0"):
+      raise ValueError(f"{raw!r} is not a bool")
+    return raw.lower() in ("true", "1")
+  return kind(raw)
+
+
+def _default(config) -> SlotComm:
+  d = config.diloco
+  return SlotComm(d.delay, compress.spec_from_config(d))
+
+
+def _override(base: SlotComm, text: str, selector: str) -> SlotComm:
+  delay, spec = base.delay, {}
+  for item in filter(None, text.split("+")):
+    key, _, raw = item.partition(":")
+    if key == "delay":
+      if raw not in DELAYS:
+        raise UserError(f"config.diloco.per_slot: {selector}: delay {raw!r} "
+                        f"is not one of {', '.join(DELAYS)}.")
+      delay = raw
+    elif key in _SPEC_KEYS:
+      try:
+        spec[_SPEC_KEYS[key]] = (raw if key == "compression" else
+                                 _parse_value(_SPEC_KEYS[key], raw))
+      except ValueError as e:
+        raise UserError(f"config.diloco.per_slot: {selector}: {key}: "
+                        f"{e}.") from None
+    else:
+      raise UserError(
+          f"config.diloco.per_slot: {selector}: unknown key {key!r}; use "
+          f"delay, {', '.join(_SPEC_KEYS)}.")
+  if spec.get("name", base.spec.name) not in compress.NAMES:
+    raise UserError(f"config.diloco.per_slot: {selector}: compression "
+                    f"{spec['name']!r} is not one of "
+                    f"{', '.join(compress.NAMES)}.")
+  return SlotComm(delay, dataclasses.replace(base.spec, **spec))
+
+
+def comm_by_slot(config, slots) -> dict[str, SlotComm]:
+  """Each slot's SlotComm; `slots` are `paths.Slot`s (name and kind)."""
+  default = _default(config)
+  rules = {}
+  for part in filter(None, config.diloco.per_slot.replace(" ", "").split(
+      ";")):
+    selector, sep, text = part.partition("=")
+    if not sep:
+      raise UserError(f"config.diloco.per_slot: {part!r} is not "
+                      "SELECTOR=key:value+key:value.")
+    rules[selector] = text
+  known = {s.name for s in slots} | {s.kind for s in slots}
+  for selector in rules:
+    if selector not in known:
+      raise UserError(f"config.diloco.per_slot: no slot or kind "
+                      f"{selector!r}; slots: "
+                      f"{', '.join(sorted(known))}.")
+  out = {}
+  for slot in slots:
+    text = rules.get(slot.name, rules.get(slot.kind))
+    out[slot.name] = (default if text is None
+                      else _override(default, text, slot.name))
+  return out
+
+
+def all_plain(comms: dict[str, SlotComm]) -> bool:
+  return all(c.plain for c in comms.values())
+
+
+def max_delay(comms: dict[str, SlotComm]) -> int:
+  """Rounds between handing a round over and applying it (0 or 1)."""
+  return int(any(c.delayed for c in comms.values()))

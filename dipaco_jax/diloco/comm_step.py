@@ -1,0 +1,260 @@
+"""The outer step with DiLoCoX communication: compressed contributions and
+outer updates applied one round late, slot by slot.
+
+The chain of `diloco/outer.py` (contributions, compress, mix, optimize,
+restart) with two additions per slot (`diloco/comm.py` says which):
+
+**Compression** (`diloco/compress.py`). Worker w sends C(c_w + e_w) instead
+of c_w; with error feedback it keeps e_w <- c_w + e_w - C(c_w + e_w) for the
+next round. The module's pseudo-gradient is mixed from what was sent.
+
+**Delay** `one_round` (DiLoCoX's one-step-delay overlap; our reading, the
+paper's equations were not available, see docs/DESIGN.md). Round r's
+contributions travel while every worker trains round r + 1 from its own
+parameters; the outer step of round r is applied at the end of round r + 1:
+
+  c_w^r   = a_w^r - x_w^r                 (a: the worker's anchor, where
+                                           round r started)
+  D^r     = mix(C(c^r))                   (sent now, in flight)
+  g^{r}   = OuterOpt(g^{r-1}, D^{r-1})    (the round that has arrived)
+  x_w     <- x_w^r + (g^r[e(w)] - a_w^r)  (the new global, plus the own
+                                           progress not yet in it)
+  a_w^{r+1} = x_w
+
+so a worker's parameters are always the global modules plus its own
+unaveraged progress of the last round, and the outer optimizer (its
+momentum) sees each round's pseudo-gradient exactly once, one round late.
+Before round 0's pseudo-gradient arrives nothing is applied. When training
+ends, `flush` applies the round in flight and restarts every worker from
+the global modules.
+
+**Delay** `eager` (Kale, Douillard, Donchev 2025, "Eager updates", arXiv
+2502.12996; the equation is from secondary summaries of its Algorithm 3,
+not the paper itself). The global modules advance exactly as with
+`one_round` (that is the model of record, and what the flush ends on), but
+a worker does not wait for its own contribution to come back: it replaces
+its stale term in the delayed average by its fresh one and applies the
+outer optimizer to that at once, on its own copy (view v_w, momentum):
+
+  E_w^r   = D^{r-1}[e(w)] + s[e] a[w, e] (C(c_w^r) - C(c_w^{r-1}))
+  v_w, m_w <- OuterOpt(v_w, m_w; E_w^r)     (per worker)
+  x_w     <- v_w,  a_w^{r+1} = v_w
+
+(a, s: the mixing weight and the sqrt-users scale of Eq. 2). Each
+worker's contribution thus enters its own view once, on time, and every
+other worker's one round late; the views differ by one round of own
+progress. Extra state: the previous round's sent contribution and the
+per-worker outer optimizer state.
+
+Everything lives in the state, so a checkpoint holds the round in flight:
+  inner.anchor         {slot: [W, ...]}  delayed slots
+  inner.residual       {slot: [W, ...]}  error feedback
+  inner.codec_state    {slot: ...}       stateful compressors (low rank)
+  inner.sent_bytes_W   [W]               payload bytes of the last round
+  inner.prev_sent      {slot: [W, ...]}  eager: last round's C(c_w)
+  inner.eager_opt      {slot: state}     eager: per-worker outer optimizer
+  outer.pending        {slot: [K, ...]}  the mixed pseudo-gradient in flight
+  outer.pending_users  {slot: [K]}       its weighted users per module
+  outer.has_pending    int32             1 once a round is in flight
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dipaco_jax.diloco import compress
+from dipaco_jax.diloco import outer as outer_lib
+
+
+def _tree_bytes_W(tree, num_workers: int):
+  """float32 payload bytes per worker of an uncompressed tree [W, ...]."""
+  per_worker = sum(x.size // num_workers for x in jax.tree.leaves(tree)) * 4
+  return jnp.full((num_workers,), per_worker, jnp.float32)
+
+
+def init_extra(comms: dict, inner_params: dict, bank: dict,
+               tx=None) -> tuple[dict, dict]:
+  """The state the communication adds: (inner extras, outer extras), empty
+  when every slot is plain. `tx` (the outer optimizer) is needed for eager
+  slots."""
+  inner, outer = {}, {}
+  delayed = [n for n, c in comms.items() if c.delayed]
+  eager = [n for n, c in comms.items() if c.delay == "eager"]
+  if eager:
+    inner["prev_sent"] = {n: compress.init_residuals(inner_params[n])
+                          for n in eager}
+    inner["eager_opt"] = {n: jax.vmap(tx.init)(inner_params[n])
+                          for n in eager}
+  feedback = [n for n, c in comms.items() if c.spec.error_feedback]
+  stateful = [n for n, c in comms.items()
+              if compress.make_codec(c.spec).stateful]
+  num_workers = jax.tree.leaves(inner_params)[0].shape[0]
+  if delayed:
+    inner["anchor"] = {n: jax.tree.map(jnp.copy, inner_params[n])
+                       for n in delayed}
+    outer["pending"] = {n: jax.tree.map(
+        lambda x: jnp.zeros(x.shape, jnp.float32), bank[n]) for n in delayed}
+    outer["pending_users"] = {
+        n: jnp.zeros((jax.tree.leaves(bank[n])[0].shape[0],), jnp.float32)
+        for n in delayed}
+    outer["has_pending"] = jnp.zeros((), jnp.int32)
+  if feedback:
+    inner["residual"] = {n: compress.init_residuals(inner_params[n])
+                         for n in feedback}
+  if stateful:
+    inner["codec_state"] = {
+        n: compress.init_states(compress.make_codec(comms[n].spec),
+                                inner_params[n]) for n in stateful}
+  if not all(c.plain for c in comms.values()):
+    inner["sent_bytes_W"] = jnp.zeros((num_workers,), jnp.float32)
+  return inner, outer
+
+
+def _send(comm, contribs_W, inner: dict, name: str, num_workers: int):
+  """What the slot's workers send: (sent, residual, codec state, bytes)."""
+  residual = inner.get("residual", {}).get(name)
+  state = inner.get("codec_state", {}).get(name)
+  if comm.spec.name == "none" and not comm.spec.error_feedback:
+    return contribs_W, residual, state, _tree_bytes_W(contribs_W,
+                                                      num_workers)
+  codec = compress.make_codec(comm.spec)
+  return compress.compress_tree(codec, contribs_W, residual, state)
+
+
+def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
+                 assignment_WxS, slot_names, weights_W,
+                 rescale_by_sqrt_users: bool) -> tuple[dict, dict]:
+  """One round's outer step of every slot with its communication settings.
+  Returns (outer, inner): the new outer and inner parts of the state."""
+  bank, opt_state = outer["params"], outer["opt_state"]
+  num_experts = [jax.tree.leaves(bank[n])[0].shape[0] for n in slot_names]
+  num_workers = assignment_WxS.shape[0]
+  users = outer_lib.users_per_module(assignment_WxS, weights_W, num_experts)
+  mixing = outer_lib.mixing_matrices(assignment_WxS, weights_W, num_experts)
+  start = outer_lib.gather_workers(bank, assignment_WxS, slot_names)
+  has_pending = outer.get("has_pending", jnp.zeros((), jnp.int32)) > 0
+  new_outer = {k: dict(v) if isinstance(v, dict) else v
+               for k, v in outer.items()}
+  new_inner = {k: dict(v) if isinstance(v, dict) else v
+               for k, v in inner.items()}
+  new_outer["params"], new_outer["opt_state"] = {}, {}
+  bytes_W = jnp.zeros((num_workers,), jnp.float32)
+  for s, name in enumerate(slot_names):
+    comm = comms[name]
+    x_W = inner["params"][name]
+    anchor_W = inner["anchor"][name] if comm.delayed else start[name]
+    contribs_W = jax.tree.map(
+        lambda a, x: a.astype(jnp.float32) - x.astype(jnp.float32),
+        anchor_W, x_W)
+    sent, residual, codec_state, slot_bytes_W = _send(
+        comm, contribs_W, inner, name, num_workers)
+    bytes_W = bytes_W + slot_bytes_W
+    if residual is not None:
+      new_inner["residual"][name] = residual
+    if codec_state is not None:
+      new_inner["codec_state"][name] = codec_state
+    delta_K = outer_lib.mix({name: sent}, (name,), [mixing[s]], [users[s]],
+                            rescale_by_sqrt_users)[name]
+    if not comm.delayed:
+      b, o = _optimize(tx, bank, opt_state, name, delta_K, users[s] > 0)
+      new_inner["params"][name] = _gather(b, assignment_WxS, s)
+    else:
+      b, o = _optimize(tx, bank, opt_state, name, outer["pending"][name],
+                       outer["pending_users"][name] > 0)
+      b, o = _where(has_pending, (b, o), (bank[name], opt_state[name]))
+      if comm.delay == "eager":
+        delayed_W = _gather(outer["pending"][name], assignment_WxS, s)
+        x_W, new_inner["eager_opt"][name] = _eager_views(
+            tx, inner, name, sent, delayed_W, has_pending,
+            _own_scale_W(mixing[s], users[s], assignment_WxS[:, s],
+                         rescale_by_sqrt_users), anchor_W)
+        new_inner["prev_sent"][name] = sent
+      else:
+        global_W = _gather(b, assignment_WxS, s)
+        x_W = jax.tree.map(lambda x, g, a: (x + (g - a)).astype(x.dtype),
+                           x_W, global_W, anchor_W)
+      new_inner["params"][name] = x_W
+      new_inner["anchor"][name] = x_W
+      new_outer["pending"][name] = delta_K
+      new_outer["pending_users"][name] = users[s]
+    new_outer["params"][name], new_outer["opt_state"][name] = b, o
+  if "has_pending" in outer:
+    new_outer["has_pending"] = jnp.ones((), jnp.int32)
+  if "sent_bytes_W" in inner:
+    new_inner["sent_bytes_W"] = bytes_W
+  return new_outer, new_inner
+
+
+def flush(outer: dict, inner: dict, tx, *, comms: dict, assignment_WxS,
+          slot_names) -> tuple[dict, dict]:
+  """Applies the round still in flight (at the end of training) and
+  restarts every worker of a delayed slot from the global modules."""
+  if "has_pending" not in outer:
+    return outer, inner
+  has_pending = outer["has_pending"] > 0
+  new_outer = {k: dict(v) if isinstance(v, dict) else v
+               for k, v in outer.items()}
+  new_inner = {k: dict(v) if isinstance(v, dict) else v
+               for k, v in inner.items()}
+  for s, name in enumerate(slot_names):
+    if not comms[name].delayed:
+      continue
+    b, o = _optimize(tx, outer["params"], outer["opt_state"], name,
+                     outer["pending"][name], outer["pending_users"][name] > 0)
+    b, o = _where(has_pending, (b, o), (outer["params"][name],
+                                        outer["opt_state"][name]))
+    new_outer["params"][name], new_outer["opt_state"][name] = b, o
+    x_W = _gather(b, assignment_WxS, s)
+    new_inner["params"][name] = x_W
+    new_inner["anchor"][name] = x_W
+    new_outer["pending"][name] = jax.tree.map(jnp.zeros_like,
+                                              outer["pending"][name])
+    new_outer["pending_users"][name] = jnp.zeros_like(
+        outer["pending_users"][name])
+  new_outer["has_pending"] = jnp.zeros((), jnp.int32)
+  return new_outer, new_inner
+
+
+def _own_scale_W(a_WxK, users_K, experts_W, rescale_by_sqrt_users):
+  """s[e] a[w, e] of each worker for the expert it uses: [W]."""
+  a_W = jnp.take_along_axis(a_WxK, experts_W[:, None], axis=1)[:, 0]
+  users_W = jnp.asarray(users_K, jnp.float32)[experts_W]
+  scale_W = (jnp.sqrt(users_W) if rescale_by_sqrt_users
+             else (users_W > 0).astype(jnp.float32))
+  return a_W * scale_W
+
+
+def _eager_views(tx, inner, name, sent_W, delayed_W, has_pending,
+                 own_scale_W, view_W):
+  """Each worker's eager outer step on its own view: (views, opt state).
+  `delayed_W` is D^{r-1} of each worker's module."""
+  stale_W = inner["prev_sent"][name]
+  delayed_W = jax.tree.map(
+      lambda d: jnp.where(has_pending, d, jnp.zeros_like(d)), delayed_W)
+
+  def estimate(delayed, fresh, stale):
+    scale = own_scale_W.reshape((-1,) + (1,) * (fresh.ndim - 1))
+    return delayed + scale * (fresh - stale)
+
+  eager_W = jax.tree.map(estimate, delayed_W, sent_W, stale_W)
+
+  def one_worker(view, opt_state, grad):
+    updates, opt_state = tx.update(grad, opt_state, view)
+    return optax.apply_updates(view, updates), opt_state
+
+  return jax.vmap(one_worker)(view_W, inner["eager_opt"][name], eager_W)
+
+
+def _gather(slot_bank_K, assignment_WxS, s: int):
+  """Each worker's copy of its module of slot `s`: [K, ...] -> [W, ...]."""
+  return jax.tree.map(lambda x: x[assignment_WxS[:, s]], slot_bank_K)
+
+
+def _optimize(tx, bank, opt_state, name, delta_K, active_K):
+  b, o = outer_lib.optimize(tx, {name: bank[name]}, {name: opt_state[name]},
+                            {name: delta_K}, {name: active_K})
+  return b[name], o[name]
+
+
+def _where(flag, new, old):
+  return jax.tree.map(lambda n, o: jnp.where(flag, n, o), new, old)

@@ -1,0 +1,385 @@
+"""DiLoCoX-style compression of what a worker sends: its contribution.
+
+A worker's contribution to a module is its pseudo-gradient, outer - inner in
+float32 (outer.py, Eq. (1)). Before it goes on the wire, a *codec* turns each
+leaf into a payload of a few arrays:
+
+  none     the float32 values as they are.
+  int8     per block of the flattened leaf, one float32 scale absmax / 127
+           and symmetric round-to-nearest codes in [-127, 127].
+  int4     the same with codes in [-7, 7]; two nibbles per byte.
+  e3m0     4-bit floats of Streaming DiLoCo, sign + 3 exponent bits: per
+           block, absmax * sign * 2^(e - 7) for e in 1..7, or 0 for e = 0.
+  lowrank  PowerSGD, warm-started, adaptive rank (compress_lowrank.py).
+  topk     SparseLoCo: the k largest |x|, each as 2 bits (sign, and which of
+           two per-leaf magnitudes).
+
+With error feedback a worker keeps what its codec lost (the residual) and
+adds it to its next contribution, so nothing is lost for good: after R
+rounds, sum of what was sent + residual = sum of the contributions.
+
+A payload has static shapes (it is made inside the jitted outer step,
+vmapped over workers); `payload_bytes` counts, traced, the bytes of what
+really goes on the wire, and `trim` makes that, eagerly: padding and unused
+rank cut, 4-bit and 2-bit codes packed.
+"""
+
+import dataclasses
+import functools
+import math
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dipaco_jax.diloco import compress_lowrank as lowrank
+
+NAMES = ("none", "int8", "int4", "e3m0", "lowrank", "topk")
+
+@dataclasses.dataclass(frozen=True)
+class CompressionSpec:
+  """What a worker's codec is (config.diloco.compression*)."""
+  name: str = "none"            # none | int8 | int4 | e3m0 | lowrank | topk
+  error_feedback: bool = False
+  block_size: int = 256         # int8/int4/e3m0: values per float32 scale
+  rank_min: int = 1             # lowrank
+  rank_max: int = 32            # lowrank (clipped to min(m, n))
+  energy: float = 0.9           # lowrank: share of |x|^2 kept; 1 = rank_max
+  topk_fraction: float = 0.01   # topk: share of entries kept (at least 1)
+
+
+def spec_from_config(diloco_config) -> CompressionSpec:
+  """The spec of `config.diloco`; a missing field takes the default."""
+  d = CompressionSpec()
+  get = lambda field, default: getattr(diloco_config, field, default)
+  return CompressionSpec(
+      name=get("compression", d.name) or "none",
+      error_feedback=bool(get("error_feedback", d.error_feedback)),
+      block_size=int(get("compression_block_size", d.block_size)),
+      rank_min=int(get("compression_rank_min", d.rank_min)),
+      rank_max=int(get("compression_rank_max", d.rank_max)),
+      energy=float(get("compression_energy", d.energy)),
+      topk_fraction=float(get("compression_topk_fraction", d.topk_fraction)))
+
+
+def _size(shape) -> int:
+  return math.prod(tuple(shape))
+
+
+def _flat(x):
+  return jnp.asarray(x, jnp.float32).reshape(-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+  """The identity ("none"), and what every codec does.
+
+  Frozen and stateless (a static jit argument): per-leaf state, lowrank's
+  warm start, is passed in and out explicitly. `shape` is always one
+  worker's leaf shape.
+  """
+  spec: CompressionSpec
+  stateful: ClassVar[bool] = False
+
+  def init_state(self, x) -> dict:
+    del x
+    return {}
+
+  def encode(self, x, state) -> tuple[dict, dict]:
+    return {"x": jnp.asarray(x, jnp.float32)}, state
+
+  def decode(self, payload, shape) -> jax.Array:
+    return payload["x"].reshape(shape)
+
+  def payload_bytes(self, payload, shape) -> jax.Array:
+    del payload
+    return jnp.float32(4 * _size(shape))
+
+  def trim(self, payload) -> dict:
+    """Eager: the payload as it goes on the wire (numpy)."""
+    return {k: np.asarray(v) for k, v in payload.items()}
+
+  def untrim(self, trimmed, shape) -> dict:
+    """trim's inverse: the static-shape payload back from the wire's."""
+    del shape
+    return dict(trimmed)
+
+  def decode_trimmed(self, trimmed, shape) -> np.ndarray:
+    # Through `decode`, so that the receiver gets exactly what the sender
+    # computed as sent (and its residual assumed).
+    shape = tuple(shape)
+    return np.asarray(_decode_jit(self, self.untrim(trimmed, shape), shape))
+
+
+# Eager callers compile once per leaf shape, not op by op (several times
+# faster on a new shape); inside a jit, a jit is inlined.
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _decode_jit(codec, payload, shape):
+  return codec.decode(payload, shape)
+
+
+def _pack(code_N, bits: int) -> np.ndarray:
+  """Codes of `bits` bits (two's complement if signed) [N] -> uint8
+  [ceil(N bits / 8)], the first code in the low bits."""
+  per = 8 // bits
+  c = np.asarray(code_N).astype(np.uint8) & (2**bits - 1)
+  c = np.concatenate([c, np.zeros(-c.size % per, np.uint8)]).reshape(-1, per)
+  shifts_1xP = (bits * np.arange(per)).astype(np.uint8)[None, :]
+  return np.bitwise_or.reduce(c << shifts_1xP, axis=1)
+
+
+def _unpack(packed, bits: int, n: int, signed: bool) -> np.ndarray:
+  shifts_1xP = (bits * np.arange(8 // bits)).astype(np.uint8)[None, :]
+  u = ((packed[:, None] >> shifts_1xP) & (2**bits - 1)).reshape(-1)[:n]
+  if not signed:
+    return u
+  return np.where(u >= 2**(bits - 1), u.astype(np.int16) - 2**bits,
+                  u).astype(np.int8)
+
+
+class _BlockCodec(Codec):
+  """Absmax scaling per block of the flattened leaf (zero-padded to whole
+  blocks), then an int8 code per value. The payload holds the codes of the
+  real values only, [N] int8 (the padding is not sent), and the scales
+  [ceil(N / block_size)] float32. A subclass says how: `_scale(absmax_B)`,
+  `_code(x / scale)`, and `_value(code)` in units of the scale."""
+  bits: ClassVar[int] = 8
+
+  def _blocks(self, x_N):
+    b = self.spec.block_size
+    pad = -x_N.shape[0] % b
+    return jnp.pad(x_N, (0, pad)).reshape(-1, b)
+
+  def encode(self, x, state):
+    x_N = _flat(x)
+    x_BxS = self._blocks(x_N)
+    scale_B = self._scale(jnp.abs(x_BxS).max(1))
+    # A zero block has scale 0: divide by 1 instead, its codes are all 0.
+    safe_B = jnp.where(scale_B > 0, scale_B, 1.0)
+    code_BxS = self._code(x_BxS / safe_B[:, None])
+    return ({"code": code_BxS.reshape(-1)[:x_N.shape[0]], "scale": scale_B},
+            state)
+
+  def decode(self, payload, shape):
+    code_BxS = self._blocks(payload["code"])
+    x_BxS = self._value(code_BxS) * payload["scale"][:, None]
+    return x_BxS.reshape(-1)[:_size(shape)].reshape(shape)
+
+  def payload_bytes(self, payload, shape):
+    n = _size(shape)
+    return jnp.float32(-(-n * self.bits // 8) + 4 * payload["scale"].shape[0])
+
+  def trim(self, payload):
+    trimmed = super().trim(payload)
+    if self.bits == 4:
+      trimmed["code"] = _pack(trimmed["code"], 4)
+    return trimmed
+
+  def untrim(self, trimmed, shape):
+    payload = dict(trimmed)
+    if self.bits == 4:
+      payload["code"] = _unpack(trimmed["code"], 4, _size(shape), True)
+    return payload
+
+
+class _IntCodec(_BlockCodec):
+  """Symmetric integers: scale = absmax / qmax, round half to even."""
+  qmax: ClassVar[int] = 127
+
+  def _scale(self, absmax_B):
+    return absmax_B / self.qmax
+
+  def _code(self, r_BxS):
+    return jnp.clip(jnp.round(r_BxS), -self.qmax, self.qmax).astype(jnp.int8)
+
+  def _value(self, code):
+    return code.astype(jnp.float32)
+
+
+class _Int4Codec(_IntCodec):
+  bits = 4
+  qmax = 7
+
+
+# e3m0 magnitudes by exponent code e: 0, then 2^(e - 7) for e = 1..7.
+_E3M0_LEVELS = np.array([0.0] + [2.0 ** (e - 7) for e in range(1, 8)],
+                        np.float32)
+
+
+class _E3M0Codec(_BlockCodec):
+  """4-bit floats, scale = absmax, coded sign * e in [-7, 7] (int8; packed
+  as a nibble like int4).
+
+  Rounding is to the nearest power of two *in log2 space*: |r| = mant * 2^q
+  with mant in [0.5, 1) (frexp, exact) goes to 2^q when mant >= 2^-0.5,
+  else to 2^(q - 1); the boundary between 2^k and 2^(k+1) is their geometric
+  mean, e.g. 0.7071 * absmax, not 0.75 * absmax. Below 2^-6.5 (the log2
+  midpoint to a notional next level 2^-7) a value flushes to 0.
+  """
+  bits = 4
+
+  def _scale(self, absmax_B):
+    return absmax_B
+
+  def _code(self, r_BxS):
+    mant, q = jnp.frexp(jnp.abs(r_BxS))
+    k = jnp.where(mant >= 2.0 ** -0.5, q, q - 1)  # round(log2 |r|), <= 0
+    e = jnp.where(r_BxS == 0, 0, jnp.clip(k + 7, 0, 7))
+    return jnp.where(r_BxS < 0, -e, e).astype(jnp.int8)
+
+  def _value(self, code):
+    magnitude = jnp.asarray(_E3M0_LEVELS)[jnp.abs(code).astype(jnp.int32)]
+    return jnp.where(code < 0, -magnitude, magnitude)
+
+
+class _TopKCodec(Codec):
+  """The k largest |x| of the leaf, each sent as 2 bits: bit 1 = negative,
+  bit 0 = large. Magnitudes: s2 = mean |x| of the larger half of the kept
+  entries (ceil(k / 2) of them), s1 = mean of the smaller half (= s2 when
+  k = 1); each kept entry takes the nearer one (s2 from the midpoint up).
+  Payload: indices [k] int32, codes [k] uint8, scales [2] = (s1, s2)."""
+
+  def num_kept(self, shape) -> int:
+    n = _size(shape)
+    return min(n, max(1, math.floor(self.spec.topk_fraction * n + 0.5)))
+
+  def encode(self, x, state):
+    x_N = _flat(x)
+    k = self.num_kept(x.shape)
+    abs_K, idx_K = jax.lax.top_k(jnp.abs(x_N), k)  # descending
+    s2 = abs_K[:k - k // 2].mean()
+    s1 = abs_K[k - k // 2:].mean() if k > 1 else s2
+    large_K = abs_K >= (s1 + s2) / 2
+    code_K = (large_K.astype(jnp.uint8) |
+              ((x_N[idx_K] < 0).astype(jnp.uint8) << 1))
+    return ({"idx": idx_K.astype(jnp.int32), "code": code_K,
+             "scales": jnp.stack([s1, s2])}, state)
+
+  def decode(self, payload, shape):
+    code_K, scales = payload["code"], payload["scales"]
+    magnitude_K = jnp.where((code_K & 1) == 1, scales[1], scales[0])
+    value_K = jnp.where((code_K & 2) == 2, -magnitude_K, magnitude_K)
+    x_N = jnp.zeros(_size(shape), jnp.float32).at[payload["idx"]].set(value_K)
+    return x_N.reshape(shape)
+
+  def payload_bytes(self, payload, shape):
+    del payload
+    k = self.num_kept(shape)
+    return jnp.float32(4 * k + -(-k // 4) + 8)
+
+  def trim(self, payload):
+    trimmed = super().trim(payload)
+    trimmed["code"] = _pack(trimmed["code"], 2)
+    return trimmed
+
+  def untrim(self, trimmed, shape):
+    payload = dict(trimmed)
+    payload["code"] = _unpack(trimmed["code"], 2, self.num_kept(shape),
+                              False)
+    return payload
+
+
+class _LowRankCodec(Codec):
+  """PowerSGD with an adaptive rank; its functions are in compress_lowrank.py.
+  State: the warm start, per leaf of ndim >= 2."""
+  stateful = True
+
+  def init_state(self, x):
+    return lowrank.init_state(x.shape, self.spec.rank_max)
+
+  def encode(self, x, state):
+    return lowrank.encode(x, state, self.spec.rank_min, self.spec.energy)
+
+  def decode(self, payload, shape):
+    return lowrank.decode(payload, shape)
+
+  def payload_bytes(self, payload, shape):
+    return lowrank.payload_bytes(payload, shape)
+
+  def trim(self, payload):
+    return lowrank.trim(payload)
+
+  def untrim(self, trimmed, shape):
+    return lowrank.untrim(trimmed, shape, self.spec.rank_max)
+
+
+_CODECS = {"none": Codec, "int8": _IntCodec, "int4": _Int4Codec,
+           "e3m0": _E3M0Codec, "lowrank": _LowRankCodec, "topk": _TopKCodec}
+
+
+def make_codec(spec: CompressionSpec) -> Codec:
+  """The codec of `spec`, or a clear error for a bad spec."""
+  if spec.name not in _CODECS:
+    raise ValueError(f"compression: unknown {spec.name!r}, not in {NAMES}")
+  if spec.block_size < 1 or not 1 <= spec.rank_min <= spec.rank_max:
+    raise ValueError(f"compression: bad block size or rank bounds: {spec}")
+  if not (0 < spec.energy <= 1 and 0 < spec.topk_fraction <= 1):
+    raise ValueError(f"compression: energy and topk_fraction must be in "
+                     f"(0, 1]: {spec}")
+  return _CODECS[spec.name](spec)
+
+
+@functools.partial(jax.jit, static_argnums=0)  # see _decode_jit
+def compress_leaf(codec: Codec, x, residual, state):
+  """What one worker sends of one leaf.
+
+  Returns (sent, residual, state, payload, bytes). With error feedback, the
+  residual (None = zeros) is added before encoding and the new residual is
+  what the codec lost; without, `residual` comes back as it was. A None
+  state of a stateful codec starts from `init_state`.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  feedback = codec.spec.error_feedback
+  y = x + residual if feedback and residual is not None else x
+  if state is None:
+    state = codec.init_state(y) if codec.stateful else {}
+  payload, state = codec.encode(y, state)
+  sent = codec.decode(payload, y.shape)
+  if feedback:
+    residual = y - sent
+  return sent, residual, state, payload, codec.payload_bytes(payload, y.shape)
+
+
+def compress_tree(codec: Codec, contribs: dict, residuals, states):
+  """compress_leaf for every leaf [W, ...] of {slot: tree}, vmapped over W.
+
+  `residuals` and `states` have the structure of `contribs` (a state is a
+  dict per leaf), or are None (zeros; init_state). Returns (sent, residuals,
+  states, bytes_W): residuals as given without error feedback, states None
+  for a stateless codec given None, bytes_W [W] float32 each worker's
+  payload bytes over all leaves.
+  """
+  leaves, treedef = jax.tree.flatten(contribs)
+  none = [None] * len(leaves)
+  res_in = none if residuals is None else treedef.flatten_up_to(residuals)
+  st_in = none if states is None else treedef.flatten_up_to(states)
+
+  def one(x, res, st):
+    sent, res, st, _, nbytes = compress_leaf(codec, x, res, st)
+    return sent, res, st, nbytes
+
+  outs = [jax.vmap(one)(*args) for args in zip(leaves, res_in, st_in)]
+  sent, res_out, st_out, bytes_L = (list(col) for col in zip(*outs))
+  if codec.spec.error_feedback:
+    residuals = treedef.unflatten(res_out)
+  if states is not None or codec.stateful:
+    states = treedef.unflatten(st_out)
+  return treedef.unflatten(sent), residuals, states, sum(bytes_L)
+
+
+def init_residuals(contribs_like):
+  """Error-feedback buffers: float32 zeros of the contributions' shapes."""
+  return jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32),
+                      contribs_like)
+
+
+def init_states(codec: Codec, contribs_like):
+  """Every worker's codec state, per leaf [W, ...] (arrays or shape structs):
+  the same first state for every worker, broadcast over W."""
+  def leaf_state(x):
+    state = codec.init_state(jax.ShapeDtypeStruct(x.shape[1:], jnp.float32))
+    return jax.tree.map(lambda s: jnp.broadcast_to(s, x.shape[:1] + s.shape),
+                        state)
+  leaves, treedef = jax.tree.flatten(contribs_like)
+  return treedef.unflatten([leaf_state(x) for x in leaves])

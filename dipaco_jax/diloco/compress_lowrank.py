@@ -1,0 +1,150 @@
+"""Low-rank compression of one leaf (PowerSGD), with an adaptive rank.
+
+A leaf of ndim >= 2 is viewed as the matrix M [m, n] closest to square, and
+approximated by one power iteration from the previous round's right factor
+(the warm start, so that the iterations accumulate over rounds):
+
+  P = orth(M Q),   Q' = M^T P,   M ~ P Q'^T          (P orthonormal [m, r])
+
+Since P is orthonormal, P Q'^T has the singular values of Q': they come from
+the small [r, r] Gram matrix Q'^T Q'. Rotating both factors by its
+eigenvectors leaves P Q'^T as it is and sorts the columns by singular value,
+so the best rank-k part is the first k columns. The columns past the chosen
+rank are zeroed, not cut, to keep shapes static inside jit; the wire payload
+cuts them (compress.py's `trim`).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# float32 matmuls even on GPUs, whose default would round to TF32.
+_HIGHEST = jax.lax.Precision.HIGHEST
+# Every leaf's first warm start: fixed, so that workers agree and a rerun
+# compresses the same way.
+_INIT_SEED = 0
+
+
+def matrix_shape(shape) -> tuple[int, int] | None:
+  """The [m, n] view of a leaf: the split of its dims closest to square,
+  the first such split on a tie. None for a leaf of ndim < 2 (sent as it
+  is: a vector has no low rank to exploit)."""
+  shape = tuple(shape)
+  if len(shape) < 2:
+    return None
+  def imbalance(i):
+    m, n = math.prod(shape[:i]), math.prod(shape[i:])
+    return abs(math.log(max(m, 1) / max(n, 1)))
+  i = min(range(1, len(shape)), key=imbalance)
+  return math.prod(shape[:i]), math.prod(shape[i:])
+
+
+def num_columns(m: int, n: int, rank_max: int) -> int:
+  """The factors' static width: rank_max, but no more than the matrix has."""
+  return max(1, min(rank_max, m, n))
+
+
+def init_q(n: int, r: int) -> np.ndarray:
+  """The first warm start [n, r]: a fixed-seed orthonormal matrix."""
+  g_NxR = np.random.default_rng(_INIT_SEED).standard_normal((n, r))
+  return np.linalg.qr(g_NxR)[0].astype(np.float32)
+
+
+def adaptive_rank(sigma2_R, rank_min: int, energy: float):
+  """The smallest rank whose (descending) squared singular values keep a
+  share `energy` of their sum, within [rank_min, R]: int32, traced.
+  energy >= 1 means R, whatever rounding says about the tail."""
+  r_max = sigma2_R.shape[0]
+  if energy >= 1.0:
+    return jnp.int32(r_max)
+  cum_R = jnp.cumsum(sigma2_R)
+  # The ranks that keep too little; a zero matrix has none, so rank 1.
+  short = (cum_R < energy * cum_R[-1]).sum()
+  return jnp.clip(short + 1, min(rank_min, r_max), r_max).astype(jnp.int32)
+
+
+def power_step(m_MxN, q_NxR, rank_min: int, energy: float):
+  """One warm-started power iteration with an adaptive rank.
+
+  Returns (p_MxR, q_NxR, rank, warm_NxR): the factors with the columns past
+  `rank` zeroed, so that decode(p, q) = p q^T is the rank-`rank`
+  approximation; and the next warm start, all R columns.
+  """
+  p_MxR = jnp.linalg.qr(jnp.matmul(m_MxN, q_NxR, precision=_HIGHEST))[0]
+  q_new_NxR = jnp.matmul(m_MxN.T, p_MxR, precision=_HIGHEST)
+  gram_RxR = jnp.matmul(q_new_NxR.T, q_new_NxR, precision=_HIGHEST)
+  sigma2_R, v_RxR = jnp.linalg.eigh(gram_RxR)  # ascending
+  sigma2_R, v_RxR = jnp.maximum(sigma2_R[::-1], 0.0), v_RxR[:, ::-1]
+  p_MxR = jnp.matmul(p_MxR, v_RxR, precision=_HIGHEST)
+  q_new_NxR = jnp.matmul(q_new_NxR, v_RxR, precision=_HIGHEST)
+  rank = adaptive_rank(sigma2_R, rank_min, energy)
+  keep_1xR = (jnp.arange(sigma2_R.shape[0]) < rank)[None, :]
+  # A column that came out exactly zero (a zero contribution) would stay
+  # zero in every later round; it keeps its previous direction instead.
+  alive_1xR = (jnp.square(q_new_NxR).sum(0) > 0)[None, :]
+  warm_NxR = jnp.where(alive_1xR, q_new_NxR, q_NxR)
+  return (jnp.where(keep_1xR, p_MxR, 0.0), jnp.where(keep_1xR, q_new_NxR, 0.0),
+          rank, warm_NxR)
+
+
+def expand(p_MxR, q_NxR):
+  """The approximation P Q^T [m, n]."""
+  return jnp.matmul(p_MxR, q_NxR.T, precision=_HIGHEST)
+
+
+# The codec of one leaf. Payload: factors p [m, R], q [n, R] (columns past
+# `rank` zero) and the rank, int32; state: the warm start q [n, R]. A leaf of
+# ndim < 2 passes as float32 (payload {"x"}, state {}).
+
+
+def init_state(shape, rank_max: int) -> dict:
+  mn = matrix_shape(shape)
+  if mn is None:
+    return {}
+  return {"q": jnp.asarray(init_q(mn[1], num_columns(*mn, rank_max)))}
+
+
+def encode(x, state, rank_min: int, energy: float) -> tuple[dict, dict]:
+  x = jnp.asarray(x, jnp.float32)
+  mn = matrix_shape(x.shape)
+  if mn is None:
+    return {"x": x}, state
+  p, q, rank, warm = power_step(x.reshape(mn), state["q"], rank_min, energy)
+  return {"p": p, "q": q, "rank": rank}, {"q": warm}
+
+
+def decode(payload, shape):
+  if "x" in payload:
+    return payload["x"].reshape(shape)
+  return expand(payload["p"], payload["q"]).reshape(shape)
+
+
+def payload_bytes(payload, shape):
+  """(m + n) r float32 values for the rank r used, + 4 bytes for r."""
+  mn = matrix_shape(shape)
+  if mn is None:
+    return jnp.float32(4 * math.prod(shape))
+  return (mn[0] + mn[1]) * payload["rank"].astype(jnp.float32) * 4 + 4
+
+
+def trim(payload) -> dict:
+  """Eager: the factors cut to the rank used (numpy)."""
+  trimmed = {k: np.asarray(v) for k, v in payload.items()}
+  if "rank" in trimmed:
+    r = int(trimmed["rank"])
+    trimmed["p"], trimmed["q"] = trimmed["p"][:, :r], trimmed["q"][:, :r]
+    trimmed["rank"] = np.int32(r)
+  return trimmed
+
+
+def untrim(trimmed, shape, rank_max: int) -> dict:
+  """trim's inverse: the zeroed columns back, the very payload trimmed."""
+  payload = dict(trimmed)
+  if "rank" in payload:
+    width = num_columns(*matrix_shape(shape), rank_max)
+    for key in ("p", "q"):
+      f = np.asarray(trimmed[key])
+      payload[key] = np.pad(f, ((0, 0), (0, width - f.shape[1])))
+  return payload

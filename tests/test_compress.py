@@ -1,0 +1,262 @@
+"""The compressors: golden round trips by hand, wire bytes, error feedback."""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from dipaco_jax.diloco import compress
+from dipaco_jax.diloco import compress_lowrank
+
+Spec = compress.CompressionSpec
+
+# One small spec per codec: blocks of 8 so that a leaf of 35 values has a
+# padded last block and an odd count of nibbles; topk keeps 7 of 35 (codes
+# not a multiple of 4); lowrank's 3 columns fit a [5, 7] leaf.
+SPECS = {
+    "none": Spec(),
+    "int8": Spec("int8", block_size=8),
+    "int4": Spec("int4", block_size=8),
+    "e3m0": Spec("e3m0", block_size=8),
+    "lowrank": Spec("lowrank", rank_max=3, energy=0.9),
+    "topk": Spec("topk", topk_fraction=0.2),
+}
+ALL = sorted(SPECS)
+
+
+def _codec(name, **changes):
+  return compress.make_codec(dataclasses.replace(SPECS[name], **changes))
+
+
+def _round_trip(codec, x):
+  """(decoded, payload) of x; jitted: compiling op by op is slower."""
+  x = np.asarray(x, np.float32)
+  return _jit_round_trip(codec, x)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _jit_round_trip(codec, x):
+  payload, _ = codec.encode(x, codec.init_state(x))
+  return codec.decode(payload, x.shape), payload
+
+
+def test_none_is_bit_exact_identity():
+  x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+  x[0, 0] = 1e-42  # a denormal survives too
+  codec = _codec("none")
+  sent, payload = _round_trip(codec, x)
+  np.testing.assert_array_equal(sent, x)
+  assert float(codec.payload_bytes(payload, x.shape)) == 4 * 15
+
+
+def test_int8_golden():
+  codec = _codec("int8", block_size=4)
+  # Block 1: absmax 1.27, scale 0.01: codes 127, -50, round(0.4) = 0, 0.
+  # Block 2 (padded with two zeros): absmax 2.54, scale 0.02: codes -127,
+  # round(0.55) = 1.
+  sent, payload = _round_trip(codec, [1.27, -0.5, 0.004, 0.0, -2.54, 0.011])
+  np.testing.assert_array_equal(payload["code"], [127, -50, 0, 0, -127, 1])
+  np.testing.assert_allclose(payload["scale"], [0.01, 0.02], rtol=1e-6)
+  np.testing.assert_allclose(sent, [1.27, -0.5, 0, 0, -2.54, 0.02],
+                             rtol=1e-6)
+  # 6 one-byte codes + 2 scales.
+  assert float(codec.payload_bytes(payload, (6,))) == 6 + 2 * 4
+
+
+def test_int4_golden():
+  codec = _codec("int4", block_size=4)
+  # Block 1: absmax 0.7, scale 0.1: codes 7, round(-2.6) = -3,
+  # round(0.4) = 0, round(1.6) = 2. Block 2: all zero -> scale 0, codes 0.
+  x = [0.7, -0.26, 0.04, 0.16, 0.0, 0.0, 0.0]
+  sent, payload = _round_trip(codec, x)
+  np.testing.assert_array_equal(payload["code"], [7, -3, 0, 2, 0, 0, 0])
+  np.testing.assert_allclose(sent, [0.7, -0.3, 0, 0.2, 0, 0, 0], rtol=1e-6)
+  # ceil(7 / 2) = 4 bytes of nibbles + 2 scales.
+  assert float(codec.payload_bytes(payload, (7,))) == 4 + 2 * 4
+  # Packed: low nibble first; -3 = 0xD, 2 = 0x2.
+  np.testing.assert_array_equal(codec.trim(payload)["code"],
+                                [0xD7, 0x20, 0x00, 0x00])
+
+
+def test_e3m0_golden():
+  codec = _codec("e3m0", block_size=4)
+  # Block 1, scale = absmax = 8, levels 8 * 2^(e - 7) = 0.125 ... 8:
+  #   8    -> r 1      -> 8 (e 7)
+  #   -3   -> r 0.375, log2 = -1.415 -> 2^-1 -> -4 (e 6)
+  #   5.5  -> r 0.6875 < 2^-0.5 = 0.7071 -> 2^-1 -> 4 (e 6)
+  #   5.7  -> r 0.7125 >= 0.7071 -> 2^0 -> 8 (e 7; linear rounding would say 4)
+  # Block 2, scale 8 again:
+  #   -8   -> -8 (e 7)
+  #   0.1  -> r 0.0125, log2 = -6.32 -> 2^-6 -> 0.125 (e 1)
+  #   0.08 -> r 0.01, log2 = -6.64 < -6.5 -> flushes to 0
+  #   0    -> 0
+  # Block 3: all zero -> 0.
+  x = [8, -3, 5.5, 5.7, -8, 0.1, 0.08, 0, 0, 0]
+  sent, payload = _round_trip(codec, x)
+  np.testing.assert_array_equal(payload["code"],
+                                [7, -6, 6, 7, -7, 1, 0, 0, 0, 0])
+  np.testing.assert_array_equal(sent, [8, -4, 4, 8, -8, 0.125, 0, 0, 0, 0])
+  # ceil(10 / 2) = 5 bytes of nibbles + 3 scales.
+  assert float(codec.payload_bytes(payload, (10,))) == 5 + 3 * 4
+
+
+def test_topk_golden():
+  codec = _codec("topk", topk_fraction=0.5)
+  # k = 4 of 8: |x| 4, 3, 2, 1. Larger half (4, 3): s2 = 3.5; smaller half
+  # (2, 1): s1 = 1.5; from the midpoint 2.5 up, s2: -4 -> -3.5, 3 -> 3.5,
+  # 2 -> 1.5, -1 -> -1.5.
+  x = [0.1, -4, 3, 0.2, -1, 2, 0, 0.5]
+  sent, payload = _round_trip(codec, x)
+  np.testing.assert_array_equal(sent, [0, -3.5, 3.5, 0, -1.5, 1.5, 0, 0])
+  # 4 int32 indices + one byte of 2-bit codes + 2 float32 scales.
+  assert float(codec.payload_bytes(payload, (8,))) == 16 + 1 + 8
+
+
+def test_matrix_shape_is_the_squarest_split():
+  assert compress_lowrank.matrix_shape((2, 3, 4, 5)) == (6, 20)  # not 24x5
+  assert compress_lowrank.matrix_shape((4, 9)) == (4, 9)
+  assert compress_lowrank.matrix_shape((7,)) is None
+  assert compress_lowrank.matrix_shape(()) is None
+
+
+def test_lowrank_full_energy_recovers_a_rank_2_matrix():
+  rng = np.random.default_rng(1)
+  m = (rng.standard_normal((12, 2)) @ rng.standard_normal((2, 9))
+       ).astype(np.float32)
+  codec = _codec("lowrank", rank_max=4, energy=1.0)
+  state = codec.init_state(m)
+  for _ in range(3):  # warm-started rounds on the same matrix
+    payload, state = codec.encode(m, state)
+  np.testing.assert_allclose(codec.decode(payload, m.shape), m, atol=1e-5)
+  assert int(payload["rank"]) == 4  # energy 1: always rank_max
+  assert float(codec.payload_bytes(payload, m.shape)) == (12 + 9) * 4 * 4 + 4
+
+
+def test_lowrank_adaptive_rank_is_1_on_a_rank_1_matrix():
+  rng = np.random.default_rng(2)
+  m = np.outer(rng.standard_normal(8), rng.standard_normal(6)).astype(
+      np.float32).reshape(8, 2, 3)  # viewed as [8, 6]
+  codec = _codec("lowrank", rank_max=4, energy=0.9)
+  payload, _ = codec.encode(m, codec.init_state(m))
+  assert int(payload["rank"]) == 1
+  np.testing.assert_allclose(codec.decode(payload, m.shape), m, atol=1e-5)
+  assert float(codec.payload_bytes(payload, m.shape)) == (8 + 6) * 1 * 4 + 4
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_error_feedback_loses_nothing_over_rounds(name):
+  codec = _codec(name, error_feedback=True)
+  rng = np.random.default_rng(3)
+  rounds = [{"s": {"w": rng.standard_normal((2, 5, 7)).astype(np.float32),
+                   "b": rng.standard_normal((2, 7)).astype(np.float32)}}
+            for _ in range(4)]
+  residuals = compress.init_residuals(rounds[0])
+  states = compress.init_states(codec, rounds[0])
+  step = jax.jit(lambda c, r, s: compress.compress_tree(codec, c, r, s))
+  total_sent = jax.tree.map(np.zeros_like, rounds[0])
+  for c in rounds:
+    sent, residuals, states, _ = step(c, residuals, states)
+    total_sent = jax.tree.map(np.add, total_sent, sent)
+  want = jax.tree.map(lambda *xs: sum(xs), *rounds)
+  got = jax.tree.map(np.add, total_sent, residuals)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=1e-5),
+               got, want)
+
+
+def test_payload_bytes_ratios():
+  shape, n = (64, 64), 4096
+  x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+  def nbytes(name, **changes):
+    codec = _codec(name, **changes)
+    return float(codec.payload_bytes(_round_trip(codec, x)[1], shape))
+  assert nbytes("none") == 4 * n
+  # int8: one byte a value + one float32 scale per 256 values: 3.94x.
+  assert nbytes("int8", block_size=256) == n + 4 * (n // 256)
+  # int4 / e3m0: two values a byte + the scales: 7.76x.
+  assert nbytes("int4", block_size=256) == n // 2 + 4 * (n // 256)
+  assert nbytes("e3m0", block_size=256) == n // 2 + 4 * (n // 256)
+  assert 3.9 < 4 * n / nbytes("int8", block_size=256) < 4
+  assert 7.7 < 4 * n / nbytes("int4", block_size=256) < 8
+  # topk 1%: k = round(40.96) = 41 indices (4 B) + ceil(41 / 4) B + 2 scales.
+  assert nbytes("topk", topk_fraction=0.01) == 41 * 4 + 11 + 8
+  # lowrank at energy 1: the full width, (m + n) r floats + the rank.
+  assert nbytes("lowrank", rank_max=8, energy=1.0) == (64 + 64) * 8 * 4 + 4
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("shape", [(5, 7), (35,), (3, 1, 4)])
+def test_trim_is_lossless_and_counts_the_bytes(name, shape):
+  codec = _codec(name)
+  x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+  x.reshape(-1)[:8] = 0.0  # a zero block, and a matrix not of full rank
+  sent, payload = _round_trip(codec, x)
+  trimmed = codec.trim(payload)
+  np.testing.assert_array_equal(codec.decode_trimmed(trimmed, shape), sent)
+  assert all(isinstance(v, np.ndarray | np.generic) for v in trimmed.values())
+  wire = sum(np.asarray(v).nbytes for v in trimmed.values())
+  assert wire == float(codec.payload_bytes(payload, shape))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_compress_tree_jits_over_workers(name):
+  codec = _codec(name)
+  rng = np.random.default_rng(6)
+  num_workers = 3
+  contribs = {"a": {"w": rng.standard_normal((num_workers, 4, 6)),
+                    "b": rng.standard_normal((num_workers, 6))},
+              "e": rng.standard_normal((num_workers, 2, 3, 5))}
+  contribs = jax.tree.map(lambda x: x.astype(np.float32), contribs)
+  states = compress.init_states(codec, contribs) if codec.stateful else None
+  sent, residuals, states, bytes_w = jax.jit(
+      lambda c, s: compress.compress_tree(codec, c, None, s))(contribs, states)
+  assert residuals is None
+  assert bytes_w.shape == (num_workers,) and bytes_w.dtype == jnp.float32
+  # Each worker alone, leaf by leaf: the same.
+  for w in range(num_workers):
+    total = 0.0
+    for path, x_w in jax.tree_util.tree_leaves_with_path(contribs):
+      got, _, _, _, nbytes = compress.compress_leaf(codec, x_w[w], None, None)
+      np.testing.assert_allclose(got, _leaf_at(sent, path)[w], atol=1e-5)
+      total += float(nbytes)
+    assert math.isclose(float(bytes_w[w]), total, rel_tol=1e-6)
+
+
+def _leaf_at(tree, path):
+  for key in path:
+    tree = tree[key.key]
+  return tree
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_zero_stays_zero(name):
+  codec = _codec(name, error_feedback=True)
+  x = np.zeros((6, 5), np.float32)
+  state, residual = codec.init_state(x), np.zeros_like(x)
+  for _ in range(2):
+    sent, residual, state, _, nbytes = compress.compress_leaf(
+        codec, x, residual, state)
+    np.testing.assert_array_equal(sent, 0.0)
+    np.testing.assert_array_equal(residual, 0.0)
+    assert np.isfinite(float(nbytes))
+  # After zeros, a real contribution still goes through (lowrank's warm
+  # start did not die).
+  y = np.ones_like(x)
+  sent, *_ = compress.compress_leaf(codec, y, np.zeros_like(x), state)
+  assert np.isfinite(sent).all() and np.abs(sent).sum() > 0
+
+
+def test_spec_from_config_and_bad_specs():
+  cfg = ml_collections.ConfigDict(dict(
+      compression="lowrank", error_feedback=True, compression_rank_max=8))
+  spec = compress.spec_from_config(cfg)
+  assert spec == Spec("lowrank", error_feedback=True, rank_max=8)
+  assert sorted(compress.NAMES) == ALL
+  with pytest.raises(ValueError, match="unknown"):
+    compress.make_codec(Spec("fp8"))
+  with pytest.raises(ValueError):
+    compress.make_codec(Spec("lowrank", rank_min=4, rank_max=2))

@@ -1,0 +1,194 @@
+"""DiLoCoX's delayed outer step: the one-round rule against a hand-computed
+two-worker example, and the simulation in the SPMD loop (plain settings
+unchanged bit for bit, resume exact with a round in flight)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dipaco_jax import testing
+from dipaco_jax.diloco import comm as comm_lib
+from dipaco_jax.diloco import comm_step
+from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.train import loop
+
+# One slot "s" with one module (K = 1) of one scalar, two workers using it.
+ASSIGNMENT = np.zeros((2, 1), np.int32)
+WEIGHTS = jnp.ones(2)
+# Outer SGD with lr 1 and (heavy-ball) momentum 0.5: m <- D + 0.5 m,
+# g <- g - m.
+TX = optax.sgd(1.0, momentum=0.5)
+# What each worker's inner steps move it by in rounds 0, 1, 2 (a stand-in
+# for training that ignores where it starts).
+PROGRESS = [(1.0, 3.0), (2.0, -2.0), (4.0, 0.0)]
+
+
+def _start(delay):
+  comms = {"s": comm_lib.SlotComm(delay)}
+  bank = {"s": {"w": jnp.zeros((1, 1))}}
+  params = {"s": {"w": jnp.zeros((2, 1))}}
+  inner_extra, outer_extra = comm_step.init_extra(comms, params, bank, TX)
+  outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
+           **outer_extra}
+  inner = {"params": params, **inner_extra}
+  return comms, outer, inner
+
+
+def _rounds(delay):
+  """(global g, workers' x) after each outer step, then after the flush."""
+  comms, outer, inner = _start(delay)
+  seen = []
+  for p in PROGRESS:
+    inner = dict(inner, params={"s": {"w": inner["params"]["s"]["w"] +
+                                      jnp.array(p)[:, None]}})
+    outer, inner = comm_step.outer_update(
+        outer, inner, TX, comms=comms, assignment_WxS=ASSIGNMENT,
+        slot_names=("s",), weights_W=WEIGHTS, rescale_by_sqrt_users=False)
+    seen.append((float(outer["params"]["s"]["w"][0, 0]),
+                 tuple(np.asarray(inner["params"]["s"]["w"][:, 0]))))
+  outer, inner = comm_step.flush(outer, inner, TX, comms=comms,
+                                 assignment_WxS=ASSIGNMENT,
+                                 slot_names=("s",))
+  seen.append((float(outer["params"]["s"]["w"][0, 0]),
+               tuple(np.asarray(inner["params"]["s"]["w"][:, 0]))))
+  return seen
+
+
+def test_one_round_by_hand():
+  # Round 0: x = (1, 3), anchors (0, 0): c0 = (-1, -3), D0 = -2 in flight;
+  #   nothing has arrived: g = 0, workers keep x, anchors <- (1, 3).
+  # Round 1: x = (3, 1), c1 = (1-3, 3-1) = (-2, 2), D1 = 0 in flight;
+  #   D0 arrives: m = -2, g = 2; x + (g - anchor) = (3+2-1, 1+2-3) = (4, 0).
+  # Round 2: x = (8, 0), c2 = (4-8, 0-0) = (-4, 0), D2 = -2 in flight;
+  #   D1 arrives: m = 0 + 0.5 * -2 = -1, g = 3; x = (8+3-4, 0+3-0) = (7, 3).
+  # Flush: D2 arrives: m = -2 + 0.5 * -1 = -2.5, g = 5.5; x = (5.5, 5.5).
+  assert _rounds("one_round") == [
+      (0.0, (1.0, 3.0)), (2.0, (4.0, 0.0)), (3.0, (7.0, 3.0)),
+      (5.5, (5.5, 5.5))]
+
+
+def test_no_delay_by_hand():
+  # Round 0: D0 = -2, m = -2, g = 2, x = (2, 2). Round 1: x = (4, 0),
+  # D1 = (-2 + 2) / 2 = 0, m = -1, g = 3. Round 2: x = (7, 3), D2 = -2,
+  # m = -2.5, g = 5.5. The flush has nothing in flight.
+  assert _rounds("none") == [
+      (2.0, (2.0, 2.0)), (3.0, (3.0, 3.0)), (5.5, (5.5, 5.5)),
+      (5.5, (5.5, 5.5))]
+
+
+def test_eager_by_hand():
+  # Each worker's own view v and momentum m; a = 1/2 (equal weights).
+  # Round 0: c0 = (-1, -3); E = 0 + (c0 - 0) / 2 = (-0.5, -1.5); m = E,
+  #   v = (0.5, 1.5) = x; the global g stays 0 (D0 = -2 in flight).
+  # Round 1: x = (2.5, -0.5), c1 = v - x = (-2, 2); E = D0 + (c1 - c0) / 2
+  #   = -2 + (-0.5, 2.5) = (-2.5, 0.5); m = E + m / 2 = (-2.75, -0.25);
+  #   v = (3.25, 1.75). D0 arrives at the global: g = 2 (as one_round).
+  # Round 2: x = (7.25, 1.75), c2 = (-4, 0); E = D1 + (c2 - c1) / 2
+  #   = 0 + (-1, -1); m = (-1 - 1.375, -1 - 0.125) = (-2.375, -1.125);
+  #   v = (5.625, 2.875). Global: g = 3.
+  # Flush: g = 5.5 (as one_round), every worker restarts from it.
+  assert _rounds("eager") == [
+      (0.0, (0.5, 1.5)), (2.0, (3.25, 1.75)), (3.0, (5.625, 2.875)),
+      (5.5, (5.5, 5.5))]
+
+
+# The SPMD runtime's simulation.
+
+
+class Preempted(Exception):
+  pass
+
+
+def _config(**diloco):
+  config = testing.tiny_config("2x2", inner_steps=2, num_steps=8)
+  config.ckpt.every = 2
+  config.ckpt.keep = 2
+  for key, value in diloco.items():
+    config.diloco[key] = value
+  return config
+
+
+def _train(config, run_dir, hooks=()):
+  return loop.train(testing.tiny_runtime(config),
+                    testing.RandomBatches(4, 8, config.data.seq_len),
+                    str(run_dir), {"h": "1"}, "t", hooks=hooks)
+
+
+def _leaves(state):
+  return jax.tree.leaves(jax.device_get(state))
+
+
+def test_plain_settings_take_the_plain_chain():
+  # compression=none, delay=none: the state and the jitted chain are those
+  # of before DiLoCoX (test_golden_step pins their numbers).
+  runtime = testing.tiny_runtime(_config())
+  assert runtime.comm_plain
+  assert set(runtime.abstract_state["inner"]) == {"params", "opt_state"}
+  assert set(runtime.abstract_state["outer"]) == {"params", "opt_state"}
+
+
+def test_identity_compressor_with_feedback_matches_the_plain_step():
+  runtime = testing.tiny_runtime(_config(error_feedback=True))
+  state = runtime.init_state(jax.random.key(0))
+  data = testing.RandomBatches(4, 8, 40)
+  for step in range(2):
+    state, _ = runtime.inner_step(state,
+                                  runtime.worker_rows(data.batch(step)))
+  host = jax.device_get(state)
+  chained_outer, chained_inner = comm_step.outer_update(
+      host["outer"], host["inner"], runtime.outer_tx, comms=runtime.comms,
+      assignment_WxS=runtime.topology.assignment_WxS,
+      slot_names=runtime.slot_names, weights_W=jnp.ones(4),
+      rescale_by_sqrt_users=False)
+  plain_outer, plain_params, _ = outer_lib.outer_update(
+      host["outer"], host["inner"]["params"], runtime.outer_tx,
+      assignment_WxS=runtime.topology.assignment_WxS,
+      slot_names=runtime.slot_names, weights_W=jnp.ones(4),
+      rescale_by_sqrt_users=False)
+  for a, b in zip(_leaves(plain_outer), _leaves(
+      {k: chained_outer[k] for k in plain_outer}), strict=True):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+  for a, b in zip(_leaves(plain_params), _leaves(chained_inner["params"]),
+                  strict=True):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+  assert all(not np.any(r) for r in _leaves(chained_inner["residual"]))
+  # 4 bytes per parameter of each worker's path.
+  path_params = sum(x.size for x in _leaves(host["inner"]["params"])) // 4
+  np.testing.assert_array_equal(chained_inner["sent_bytes_W"],
+                                np.full(4, 4.0 * path_params))
+
+
+def test_a_round_in_flight_survives_a_kill(tmp_path):
+  # Every kind of state the communication adds, in one run: one_round with
+  # a warm-started low rank and its residuals on the level slots, eager
+  # with int4 on the shared embedding.
+  config = _config(delay="one_round", compression="lowrank",
+                   compression_rank_max=4, error_feedback=True,
+                   per_slot="shared=delay:eager+compression:int4")
+  runtime = testing.tiny_runtime(config)
+  assert {"anchor", "residual", "codec_state", "prev_sent", "eager_opt",
+          "sent_bytes_W"} <= set(runtime.abstract_state["inner"])
+  straight = _train(config, tmp_path / "straight").state
+
+  def die(step, state, losses):
+    del state, losses
+    if step == 5:  # Checkpoint of step 4 holds round 1 in flight.
+      raise Preempted(step)
+
+  with pytest.raises(Preempted):
+    _train(config, tmp_path / "resumed", hooks=[die])
+  resumed = _train(config, tmp_path / "resumed")
+  assert resumed.resumed_from == 4
+  for a, b in zip(_leaves(straight), _leaves(resumed.state), strict=True):
+    np.testing.assert_array_equal(a, b)
+  # The flush ended on the global modules: every worker restarts there.
+  state = jax.device_get(resumed.state)
+  assert int(state["outer"]["has_pending"]) == 0
+  restarted = outer_lib.gather_workers(state["outer"]["params"],
+                                       runtime.topology.assignment_WxS,
+                                       runtime.slot_names)
+  for a, b in zip(jax.tree.leaves(restarted),
+                  jax.tree.leaves(state["inner"]["params"]), strict=True):
+    np.testing.assert_array_equal(a, b)
