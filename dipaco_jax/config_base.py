@@ -239,6 +239,21 @@ def _validate_dense_scales(config) -> None:
             "a positive whole number of layers; use multiples such as 2,4.")
 
 
+def _validate_comm(config) -> None:
+  """Each slot's delay and compressor (per_slot included) are valid."""
+  # Imported here: they import jax, which config files need not.
+  from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.diloco import compress  # pylint: disable=g-import-not-at-top
+  slots = paths_lib.topology_from_config(config).slots
+  for name, slot_comm in comm_lib.comm_by_slot(config, slots).items():
+    try:
+      compress.make_codec(slot_comm.spec)
+    except ValueError as e:
+      _fail("diloco.compression_rank_min", f"slot {name}: {e}; "
+            "rank_min must be <= compression_rank_max.")
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Checks every field and the cross-field constraints; raises ConfigError
   naming the field."""
@@ -296,6 +311,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
           "(e.g. 0.05), or turn them off (routing.discriminative_steps=0, "
           "eval.learned_reroute=False).")
   _validate_dense_scales(config)
+  _validate_comm(config)
   if config.eval.early_stopping and multi_path and (
       config.eval.holdout_fraction == 0):
     _fail("eval.holdout_fraction", "per-path early stopping scores paths on "

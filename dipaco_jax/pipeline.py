@@ -59,6 +59,9 @@ def run(config, workdir: str, islands=None) -> dict:
   every invocation adds up in `{workdir}/wall_time.json`. With `islands`
   (`islands.launcher.IslandOptions`) its multi-worker runs train as
   separate processes exchanging modules through a store."""
+  if islands is not None:
+    from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
+    launcher.check_config(config)
   lock = lock_lib.WorkdirLock(workdir)
   # The other processes wait for process 0's lock, and stop with it when
   # another job holds the workdir.

@@ -192,3 +192,35 @@ def test_a_round_in_flight_survives_a_kill(tmp_path):
   for a, b in zip(jax.tree.leaves(restarted),
                   jax.tree.leaves(state["inner"]["params"]), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+def test_islands_refuse_communication_settings_they_do_not_apply(tmp_path):
+  from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserError, match="config.diloco.delay"):
+    pipeline.run(_config(delay="one_round"), str(tmp_path),
+                 islands=launcher.IslandOptions(num_workers=1))
+  assert not any(tmp_path.iterdir())  # Refused before anything is written.
+
+
+def test_per_slot_overrides_and_their_errors():
+  config = _config(compression="int4",
+                   per_slot="level=compression:none+delay:one_round")
+  runtime = testing.tiny_runtime(config)
+  assert runtime.comms["embed_head"] == comm_lib.SlotComm(
+      "none", runtime.comms["embed_head"].spec)
+  assert runtime.comms["embed_head"].spec.name == "int4"
+  assert runtime.comms["layers_00_01"].delay == "one_round"
+  assert runtime.comms["layers_00_01"].spec.name == "none"
+  from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  slots = paths_lib.topology_from_config(config).slots
+  for text, message in [("nowhere=delay:none", "no slot or kind"),
+                        ("level=delay:late", "delay 'late'"),
+                        ("level=rank:3", "unknown key 'rank'"),
+                        ("level=compression:zip", "compression 'zip'"),
+                        ("level", "is not SELECTOR")]:
+    config.diloco.per_slot = text
+    with pytest.raises(UserError, match=message):
+      comm_lib.comm_by_slot(config, slots)

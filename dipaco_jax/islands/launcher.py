@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.errors import UserError
 from dipaco_jax.islands import layout
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
@@ -265,10 +266,22 @@ def task_stats(run, spec: layout.RunSpec) -> dict:
       for w, info in sorted(workers.items())}}
 
 
+def check_config(config) -> None:
+  """What islands cannot run yet, refused before any stage runs."""
+  d = config.diloco
+  if (d.delay, d.compression, d.error_feedback, d.per_slot) != (
+      "none", "none", False, ""):
+    raise UserError(
+        "config.diloco.delay/compression/error_feedback/per_slot: DiLoCoX "
+        "communication is simulated by dipaco_jax.main only; islands do "
+        "not apply it yet (leave them at their defaults).")
+
+
 def train_experiment(exp, options: IslandOptions, init_bank=None,
                      after_outer_step=()) -> loop.TrainResult:
   """Trains `exp` (a multi-worker `stages.experiment.Experiment`) through
   islands; returns what the SPMD loop would."""
+  check_config(exp.config)
   if after_outer_step:
     raise IslandError(
         "config.eval.early_stopping: per-path early stopping is not "
