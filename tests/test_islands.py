@@ -29,10 +29,12 @@ class _Data:
   hashes: dict
 
 
-def _experiment(tmp_path, shape="2x2", replicas=1, num_steps=6, h=2):
+def _experiment(tmp_path, shape="2x2", replicas=1, num_steps=6, h=2,
+                delay="none"):
   config = testing.tiny_config(shape, replicas=replicas, inner_steps=h,
                                num_steps=num_steps)
   config.ckpt.async_save = False
+  config.diloco.delay = delay
   rng = np.random.default_rng(0)
   lengths = rng.integers(30, 200, 60)
   docs = token_store.TokenDocs(
@@ -101,6 +103,18 @@ def test_islands_equal_the_spmd_runtime(spmd_run, tmp_path, paths_per_task):
   # of 2: reductions in another order). Measured: 1.2e-7 with every path in
   # one task, i.e. one float32 rounding step.
   assert diff < (1e-6 if paths_per_task == 4 else 1e-5), diff
+
+
+def test_one_round_late_islands_equal_the_spmd_simulation(spmd_run,
+                                                          tmp_path):
+  # DiLoCoX's delay on islands (islands/delayed.py) against the SPMD
+  # runtime's simulation of it (diloco/comm_step.py), 3 rounds.
+  exp = _experiment(tmp_path / "spmd", delay="one_round")
+  spmd = jax.device_get(exp.train().state["outer"]["params"])
+  bank = _islands_in_process(exp, tmp_path / "islands", 4)
+  diff = _max_abs_diff(spmd, bank)
+  assert diff < 1e-6, diff
+  assert _max_abs_diff(spmd_run[1], bank) > 1e-4  # The delay did something.
 
 
 def _fresh_store(tmp_path, paths_per_task, num_steps=2):

@@ -42,6 +42,13 @@ _WORKER_FAKE_DEVICES = flags.DEFINE_integer(
 _SLOW_WORKERS = flags.DEFINE_list(
     "slow_workers", [], "ID:SECONDS pairs: those local workers sleep that "
     "long after each inner step (to see a slow island get fewer tasks).")
+_LINK_MBPS = flags.DEFINE_float(
+    "link_mbps", 0.0, "Emulate a link of this many Mbit/s between each role "
+    "and the store (every array read and write takes latency + bytes / "
+    "bandwidth at least); 0 = the disk's speed.", lower_bound=0.0)
+_LINK_LATENCY = flags.DEFINE_float(
+    "link_latency_ms", 0.0, "The emulated link's latency per transfer.",
+    lower_bound=0.0)
 _LEASE_TIMEOUT = flags.DEFINE_float(
     "lease_timeout_s", 20.0, "A worker whose heartbeat is this old loses "
     "its task.", lower_bound=1.0)
@@ -58,6 +65,7 @@ def main(argv):
                     else 0),
       lease_timeout_s=_LEASE_TIMEOUT.value,
       gpus_per_machine=_GPUS.value,
+      link_mbps=_LINK_MBPS.value, link_latency_ms=_LINK_LATENCY.value,
       slowdown_s={w: float(t) for w, t in (
           item.split(":") for item in _SLOW_WORKERS.value)})
   main_lib.main(argv, islands=options)

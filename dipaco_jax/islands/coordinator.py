@@ -4,7 +4,9 @@ r"""The coordinator role: tasks, leases, re-queues, all through the store.
 
 A run is a grid of tasks: round r x group g of workers (paths x replicas).
 Task (r, g) is ready when every module g uses is committed at version r
-(its outer step of round r - 1 is done); it is done when its outputs (each
+(its outer step of round r - 1 is done); with DiLoCoX's one-round delay,
+when every task of round r - 1 is done (the outer step then runs while
+round r trains); it is done when its outputs (each
 worker's AdamW state and contributions) are committed. Workers pull: a
 live worker without a task gets the oldest ready one, so a faster worker
 does more tasks and a worker started mid-run simply joins. A worker is live
@@ -38,6 +40,7 @@ class Coordinator:
     self.slot_names = [s.name for s in topology.slots]
     self.groups = spec.groups()
     self.num_rounds = spec.num_rounds
+    self.delayed = spec.config["diloco"].get("delay") == "one_round"
     saved = layout.read_json(layout.control(run, "coordinator.json")) or {}
     # The next round of each group that is not known to be done: from the
     # saved frontier on (the keys of earlier rounds may be collected).
@@ -69,6 +72,13 @@ class Coordinator:
             for w in workers for s in self.slot_names)
 
   def task_ready(self, round_index: int, group: int) -> bool:
+    if self.delayed and round_index > 0:
+      # One round late (islands/delayed.py): a task starts from its
+      # group's own anchors and waits for version r only at its end, while
+      # the executors make it. It starts once every task of round r - 1 is
+      # done: their contributions make version r, so no task can wait on
+      # a task that no free worker would run.
+      return min(self.frontier) >= round_index
     workers = list(self.groups[group])
     return all(layout.committed(layout.module_dir(
         self.run, name, int(e), round_index))

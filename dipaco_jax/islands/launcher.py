@@ -26,6 +26,7 @@ import numpy as np
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.errors import UserError
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import timeline
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
 from dipaco_jax.train import loop
@@ -48,6 +49,8 @@ class IslandOptions:
   lease_timeout_s: float = 20.0
   max_restarts: int = 20  # Per role, before the run is given up.
   slowdown_s: dict = dataclasses.field(default_factory=dict)  # id -> s
+  link_mbps: float = 0.0  # Emulated link of every role (store/link.py).
+  link_latency_ms: float = 0.0
 
 
 def role_command(role: str, run, *args: str) -> list[str]:
@@ -269,12 +272,12 @@ def task_stats(run, spec: layout.RunSpec) -> dict:
 def check_config(config) -> None:
   """What islands cannot run yet, refused before any stage runs."""
   d = config.diloco
-  if (d.delay, d.compression, d.error_feedback, d.per_slot) != (
-      "none", "none", False, ""):
+  if (d.delay not in ("none", "one_round") or (
+      d.compression, d.error_feedback, d.per_slot) != ("none", False, "")):
     raise UserError(
-        "config.diloco.delay/compression/error_feedback/per_slot: DiLoCoX "
-        "communication is simulated by dipaco_jax.main only; islands do "
-        "not apply it yet (leave them at their defaults).")
+        "config.diloco.delay/compression/error_feedback/per_slot: islands "
+        "apply delay none or one_round, without compression; the other "
+        "DiLoCoX settings are simulated by dipaco_jax.main only.")
 
 
 def train_experiment(exp, options: IslandOptions, init_bank=None,
@@ -300,7 +303,9 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
       weights_W=[float(w) for w in exp.runtime.outer_weights_W],
       paths_per_task=options.paths_per_task,
       heartbeat_s=options.heartbeat_s,
-      lease_timeout_s=options.lease_timeout_s)
+      lease_timeout_s=options.lease_timeout_s,
+      link_mbps=options.link_mbps,
+      link_latency_ms=options.link_latency_ms)
   check_spec(run, spec)
   log = lambda msg: print(f"[{exp.name}] islands: {msg}", flush=True)
   trained_path = run / "TRAINED.json"
@@ -325,7 +330,14 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
   log(f"tasks per worker: {done.get('tasks_done')}, "
       f"{done.get('requeued', 0)} re-queued")
   stats = task_stats(run, spec)
+  stats["mean_phases_s"] = timeline.mean_phases(run)
   atomic.write_json(run / "stats.json", stats)
+  plot_path = exp.run_dir.parent.parent / "plots" / f"islands_{exp.name}.png"
+  timeline.plot(run, plot_path)
+  if stats["mean_phases_s"]:
+    log("mean task phases: " + ", ".join(
+        f"{k} {v:.2f} s" for k, v in stats["mean_phases_s"].items())
+        + f"; timeline {plot_path}")
   for worker, info in stats["workers"].items():
     peak = info["peak_device_bytes"]
     log(f"worker {worker}: {info['tasks']} tasks" + (

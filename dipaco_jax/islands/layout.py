@@ -27,6 +27,7 @@ mean the whole version is there.
 
 import dataclasses
 import json
+import threading
 import time
 
 from etils import epath
@@ -35,6 +36,7 @@ import numpy as np
 
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.store import atomic
+from dipaco_jax.store import link
 from dipaco_jax.store import items
 
 
@@ -116,6 +118,13 @@ class RunSpec:
   lease_timeout_s: float = 20.0
   # Delete keys no task or outer step can read again (the coordinator).
   collect_garbage: bool = True
+  # An emulated link between islands (store/link.py); 0 = the disk's speed.
+  link_mbps: float = 0.0
+  link_latency_ms: float = 0.0
+
+  def use_link(self) -> None:
+    """Puts this process's store transfers on the run's emulated link."""
+    link.set_link(self.link_mbps, self.link_latency_ms)
 
   def config_dict(self) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(self.config)
@@ -188,14 +197,17 @@ class ByteMeter:
   def __init__(self, run, role_id: str):
     self.path = control(run, "bytes", f"{role_id}.json")
     self.counts = read_json(self.path) or {"written": {}, "read": {}}
+    # A delayed worker uploads from background threads.
+    self._lock = threading.Lock()
 
   def add(self, kind: str, round_index: int, directory) -> None:
-    key = str(round_index)
-    self.counts[kind][key] = (self.counts[kind].get(key, 0)
-                              + directory_bytes(directory))
+    key, size = str(round_index), directory_bytes(directory)
+    with self._lock:
+      self.counts[kind][key] = self.counts[kind].get(key, 0) + size
 
   def flush(self) -> None:
-    atomic.write_json(self.path, self.counts, indent=None)
+    with self._lock:
+      atomic.write_json(self.path, self.counts, indent=None)
 
 
 def read_byte_counts(run) -> dict:

@@ -33,6 +33,7 @@ import numpy as np
 from dipaco_jax.data import batches as batches_lib
 from dipaco_jax.data import shards as shards_lib
 from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.islands import delayed
 from dipaco_jax.islands import layout
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
@@ -66,6 +67,9 @@ class GroupProgram:
     config.unlock()
     config.mesh.path = math.gcd(config.mesh.path or group_size, group_size,
                                 num_devices)
+    # The program runs inner steps only; the delay is the task's business
+    # (islands/delayed.py), so its state is the plain one.
+    config.diloco.delay = "none"
     slots = tuple(dataclasses.replace(s, num_experts=group_size)
                   for s in full.slots)
     topology = dataclasses.replace(
@@ -104,8 +108,12 @@ class TaskRunner:
     self._programs: dict[int, GroupProgram] = {}
     # (group, step, AdamW states on device) of the last task: a worker
     # given the same group's next round skips reading them back (they are
-    # the bytes it just committed).
+    # the bytes it just committed). `kept` is the delayed tasks' (group,
+    # step, anchor, AdamW).
     self._kept = None
+    self.kept = None
+    self.speculated = None  # A delayed group's next round, trained ahead.
+    self.delayed = self.config.diloco.delay == "one_round"
     self._batches: dict[tuple[int, ...], batches_lib.StackedBatches] = {}
 
   def program(self, size: int) -> GroupProgram:
@@ -135,7 +143,7 @@ class TaskRunner:
   def is_done(self, task: Task) -> bool:
     return all(layout.committed(k) for k in self.outputs(task))
 
-  def _load_bank(self, task: Task, program: GroupProgram):
+  def load_bank(self, task: Task, program: GroupProgram):
     """The group's modules at version r as a bank of G rows per slot (the
     experts it uses, then padding), and the local assignment [G, S]."""
     g = len(task.group)
@@ -172,14 +180,22 @@ class TaskRunner:
 
   def run_task(self, task: Task) -> dict:
     """Runs `task` unless already done; returns {worker: mean loss}."""
+    self.phases = None
     if self.is_done(task):
       self.log(f"round {task.round_index} workers {list(task.group)}: "
                "already committed")
       return {}
     t0 = time.monotonic()
     program = self.program(len(task.group))
+    if self.delayed:
+      losses, self.phases = delayed.run_task(self, task, program)
+      self.log(f"round {task.round_index} workers {list(task.group)}: loss "
+               f"{np.mean(list(losses.values())):.4f}, "
+               f"{time.monotonic() - t0:.1f} s (" + ", ".join(
+                   f"{k} {v:.2f} s" for k, v in self.phases.items()) + ")")
+      return losses
     runtime = program.runtime
-    bank, local_GxS = self._load_bank(task, program)
+    bank, local_GxS = self.load_bank(task, program)
     inner_params = outer_lib.gather_workers(bank, local_GxS, self.slot_names)
     state = {
         "step": np.int32(task.round_index * self.spec.inner_steps),
@@ -192,7 +208,7 @@ class TaskRunner:
                       runtime.outer_tx, bank)},
     }
     state = jax.device_put(state, runtime.state_shardings)
-    state, losses_HxG = self._inner_steps(task, runtime, state)
+    state, losses_HxG = self.inner_steps(task, runtime, state)
     contribs = outer_lib.contributions(
         jax.tree.map(jnp.asarray, bank), state["inner"]["params"],
         local_GxS, self.slot_names)
@@ -208,7 +224,7 @@ class TaskRunner:
              f"{loss_G.mean():.4f}, {time.monotonic() - t0:.1f} s")
     return {w: float(l) for w, l in zip(task.group, loss_G)}
 
-  def _inner_steps(self, task: Task, runtime, state):
+  def inner_steps(self, task: Task, runtime, state):
     h = self.spec.inner_steps
     batches = self.batches(task.group)
     losses = []
@@ -231,18 +247,23 @@ class TaskRunner:
     # written. A worker killed in between leaves its task undone (the
     # coordinator re-runs it from round r, whose modules are kept until
     # then); the re-run's contributions are the committed bytes.
-    for i, w in enumerate(task.group):
-      for name in self.slot_names:
-        key = layout.contrib_dir(self.run, r, w, name)
-        items.save_tree(key, jax.tree.map(lambda x, i=i: x[i], sent[name]),
-                        {"round": r, "worker": w, "loss": float(loss_G[i])})
-        self.meter.add("written", r, key)
+    self.write_contributions(task, sent, loss_G)
     for i, w in enumerate(task.group):
       key = layout.inner_dir(self.run, w, (r + 1) * h)
       items.save_tree(key, items.worker_of(opt_state, i),
                       {"round": r, "worker": w})
       self.meter.add("written", r, key)
     self.meter.flush()
+
+  def write_contributions(self, task: Task, sent, loss_G) -> None:
+    """Each worker's contribution of the round, one key per slot."""
+    r = task.round_index
+    for i, w in enumerate(task.group):
+      for name in self.slot_names:
+        key = layout.contrib_dir(self.run, r, w, name)
+        items.save_tree(key, jax.tree.map(lambda x, i=i: x[i], sent[name]),
+                        {"round": r, "worker": w, "loss": float(loss_G[i])})
+        self.meter.add("written", r, key)
 
 
 class Heartbeat:
@@ -293,11 +314,13 @@ class TaskStats:
     self.info = layout.read_json(self.path) or {"tasks": []}
 
   def add(self, task: Task, started: float, seconds: float,
-          losses: dict) -> None:
-    self.info["tasks"].append({"round": task.round_index,
-                               "group": list(task.group),
-                               "start": started, "seconds": seconds,
-                               "losses": [losses[w] for w in task.group]})
+          losses: dict, phases: dict | None = None) -> None:
+    row = {"round": task.round_index, "group": list(task.group),
+           "start": started, "seconds": seconds,
+           "losses": [losses[w] for w in task.group]}
+    if phases:  # Delayed tasks: compute, upload, wait, restart seconds.
+      row["phases"] = phases
+    self.info["tasks"].append(row)
     peak = peak_device_bytes()
     if peak is not None:
       self.info["peak_device_bytes"] = max(
@@ -319,6 +342,7 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   """Takes tasks until the run is done; returns the number run. Waits up
   to `max_idle_s` for the run to start and between tasks."""
   spec = layout.RunSpec.load(run, timeout_s=max_idle_s)
+  spec.use_link()
   log = lambda msg: print(f"[worker {worker_id}] {msg}", flush=True)
   meter = layout.ByteMeter(run, f"worker-{worker_id}")
   runner = TaskRunner(run, spec, meter, slowdown_s, log)
@@ -347,7 +371,8 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
             f"gone ({e}); skipping")
         losses = {}
       if losses:
-        stats.add(task, started, time.time() - started, losses)
+        stats.add(task, started, time.time() - started, losses,
+                  runner.phases)
       ran += 1
       done_seq = lease["seq"]
       heartbeat.update(task=None, done_seq=done_seq)

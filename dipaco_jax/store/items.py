@@ -35,6 +35,7 @@ import orbax.checkpoint as ocp
 
 from dipaco_jax.parallel import multihost
 from dipaco_jax.store import atomic
+from dipaco_jax.store import link
 
 ITEM = "item"
 
@@ -130,7 +131,8 @@ def save_tree(directory, tree, meta: dict | None = None, *,
     directory.rmtree()
   if collective:
     multihost.barrier(f"store_clean:{directory}")
-  with _checkpointer(collective) as checkpointer:
+  with link.transfer(_nbytes(tree)), _checkpointer(collective) as (
+      checkpointer):
     checkpointer.save(directory / ITEM, args=ocp.args.PyTreeSave(tree))
   if writes:
     atomic.commit(directory, {"meta": meta or {}, "leaves": _shapes(tree)})
@@ -170,10 +172,16 @@ def load_tree(directory, like):
   directory = epath.Path(directory)
   marker = _marker(directory)
   _check_like(directory, like, marker["leaves"])
-  with _checkpointer(collective=False) as checkpointer:
+  with link.transfer(_nbytes(like)), _checkpointer(collective=False) as (
+      checkpointer):
     tree = checkpointer.restore(directory / ITEM, args=ocp.args.PyTreeRestore(
         item=like, restore_args=jax.tree.map(_restore_arg, like)))
   return tree, marker["meta"]
+
+
+def _nbytes(tree) -> int:
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(tree))
 
 
 def _committed_keys(parent: epath.Path, prefix: str) -> list[int]:

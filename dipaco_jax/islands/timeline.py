@@ -1,0 +1,71 @@
+"""Where an island run's time went: per task, compute, upload, wait.
+
+Delayed tasks (islands/delayed.py) record four phases each: `compute`
+(load and H inner steps; 0 when the round was trained ahead), `wait` (for
+the module version the round restarts from, and reading it), `next_round`
+(the next round trained ahead while this one's uploads run) and
+`upload_tail` (uploads still running after that). `plot` draws them per
+worker on one time axis: with the outer step one round late and the
+uploads in the background, a round is about its compute.
+"""
+
+import numpy as np
+
+from dipaco_jax.islands import delayed
+from dipaco_jax.islands import layout
+
+PHASES = delayed.PHASES
+_COLORS = {"compute": "tab:blue", "wait": "tab:red",
+           "next_round": "tab:cyan", "upload_tail": "tab:orange",
+           "task": "tab:gray"}
+
+
+def worker_tasks(run) -> dict[str, list[dict]]:
+  """{worker: its task rows} from the workers' stats files."""
+  out = {}
+  for path in layout.control_files(layout.control(run, "stats")):
+    if not path.stem.startswith("executor"):
+      out[path.stem] = (layout.read_json(path) or {}).get("tasks", [])
+  return out
+
+
+def mean_phases(run) -> dict | None:
+  """Mean seconds per phase over the delayed tasks (None if none)."""
+  rows = [t["phases"] for tasks in worker_tasks(run).values()
+          for t in tasks if "phases" in t]
+  if not rows:
+    return None
+  return {k: float(np.mean([r[k] for r in rows])) for k in PHASES}
+
+
+def plot(run, path) -> None:
+  """One row per worker, one bar per task (split into its phases)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  tasks = worker_tasks(run)
+  starts = [t["start"] for rows in tasks.values() for t in rows]
+  if not starts:
+    return
+  t0 = min(starts)
+  fig, ax = plt.subplots(figsize=(10, 1 + 0.5 * len(tasks)))
+  seen = set()
+  for y, (worker, rows) in enumerate(sorted(tasks.items())):
+    for t in rows:
+      left = t["start"] - t0
+      parts = ([(k, t["phases"][k]) for k in PHASES] if "phases" in t
+               else [("task", t["seconds"])])
+      for kind, seconds in parts:
+        ax.barh(y, seconds, left=left, color=_COLORS[kind],
+                label=None if kind in seen else kind)
+        seen.add(kind)
+        left += seconds
+      ax.text(t["start"] - t0, y + 0.3, f"r{t['round']}", fontsize=6)
+  ax.set_yticks(range(len(tasks)), sorted(tasks))
+  ax.set_xlabel("seconds since the first task")
+  ax.set_title("island tasks: compute, upload, wait for the outer step")
+  ax.legend(loc="upper right", fontsize=7)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
