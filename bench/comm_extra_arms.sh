@@ -1,4 +1,12 @@
-# Extra arms on the warm machine (data and base of /tmp/cq/diloco_x8).
+#!/usr/bin/env bash
+# Three more arms after bench/comm_quality.sh, on the same machine: they
+# reuse its data and base in /tmp/cq/diloco_x8 (STEPS=1500,
+# MAX_CHARS=150000000 there). Writes $OUT/NAME.{json,log,metrics.jsonl} and
+# prints perplexity, final training loss and bytes per worker per round:
+#   eager_lr035        delay=eager with outer lr 0.35 (half the default)
+#   one_round_int4_ef  one_round + int4 + error feedback
+#   lowrank8_ef        lowrank, rank 1-8, + error feedback
+# Usage: OUT=DIR bash bench/comm_extra_arms.sh   (~3 min on one H100)
 set -u
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -10,5 +18,5 @@ run one_round_int4_ef --config.diloco.delay=one_round --config.diloco.compressio
 run lowrank8_ef --config.diloco.compression=lowrank --config.diloco.error_feedback=True --config.diloco.compression_rank_max=8 &
 wait
 for n in eager_lr035 one_round_int4_ef lowrank8_ef; do python3 -c "
-import json,sys
+import json
 d=json.load(open('$OUT/$n.json')); r=d['runs'][-1]; print('$n', round(list(d['models'].values())[0]['perplexity'],3), r['final_loss'], (r.get('bytes_sent') or {}).get('per_worker_round'))" || (echo "$n failed"; grep -v "^[WI][0-9]" $OUT/$n.log | tail -3); done

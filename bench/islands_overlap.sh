@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# DiLoCoX's overlap on islands (issue 11, "Overlap"), on this machine's CPU:
+# DiLoCo x2 of a small model through `python -m dipaco_jax.islands`, two
+# worker processes, every role behind an emulated link (store/link.py):
+#   plain_fast   delay none, no link limit      (about the compute alone)
+#   plain_link   delay none, LINK_MBPS / LATENCY_MS
+#   late_link    delay one_round, the same link
+# then prints the table of bench/islands_overlap.py (round time against
+# compute and transfer) and leaves the timelines in WORK/ARM/plots/.
+# Usage: [LINK_MBPS=100] [LATENCY_MS=50] [STEPS=300] [H=50] \
+#        bash bench/islands_overlap.sh [WORK_DIR] [TABLE.md]
+# ~10 minutes on a 2-core CPU (three runs of ~3 minutes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
+  . .venv/bin/activate
+fi
+work=${1:-/tmp/islands_overlap}; table=${2:-}
+mbps=${LINK_MBPS:-100}; lat=${LATENCY_MS:-50}
+rm -rf "$work"; mkdir -p "$work"
+std=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+common=(--config=experiments/diloco.py --fake_devices=2
+        --config.paths.num_replicas=2 --config.data.corpus=text_files
+        "--config.data.text_glob=$std/email/**/*.py"
+        --config.data.max_corpus_chars=600000 --config.data.seq_len=64
+        --config.train.num_steps=${STEPS:-300}
+        --config.diloco.inner_steps=${H:-50} --config.base.num_steps=20
+        --config.model.d_model=64 --config.model.mlp_dim=256
+        --config.model.head_dim=16 --config.train.batch_size=8
+        --config.base.batch_size=8 --num_workers=2 --worker_fake_devices=1
+        --num_executors=1)
+arm() {  # name, then flags
+  local name=$1; shift
+  echo "=== $name ($(date -u +%H:%M:%S))"
+  timeout 1200 python3 -m dipaco_jax.islands --workdir="$work/$name" \
+    "${common[@]}" "$@" > "$work/$name.log" 2>&1 \
+    || { echo "!!! $name failed"; tail -5 "$work/$name.log"; exit 1; }
+  grep -E "mean task phases|tasks per worker|store traffic" "$work/$name.log" \
+    || true
+}
+arm plain_fast
+for d in data runs/base shards; do
+  for a in plain_link late_link; do
+    mkdir -p "$work/$a/$(dirname $d)"; cp -r "$work/plain_fast/$d" "$work/$a/$d"
+  done
+done
+arm plain_link --link_mbps="$mbps" --link_latency_ms="$lat"
+arm late_link --link_mbps="$mbps" --link_latency_ms="$lat" \
+  --config.diloco.delay=one_round
+python3 bench/islands_overlap.py "$work" --link_mbps="$mbps" \
+  --latency_ms="$lat" ${table:+--out "$table"}
