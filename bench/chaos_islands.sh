@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The island runtime under failures, on this machine's CPU (issue 10).
 #
-#   bash bench/chaos_islands.sh [WORK=/tmp/chaos_islands]
+#   [EXTRA="--config.diloco.delay=one_round"] bash bench/chaos_islands.sh \
+#       [WORK=/tmp/chaos_islands]
 #
 # A small DiPaCo 4x4 (16 paths, the quickstart model) through islands with
 # 3 local workers, w2 slowed on purpose (1 s per inner step), and a fourth
@@ -18,6 +19,9 @@ args=(--config=experiments/quickstart.py --fake_devices=8
       --config.train.num_steps=100 --config.diloco.inner_steps=25
       --config.data.max_corpus_chars=3000000 --config.eval.learned_reroute=False
       --num_workers=3 --lease_timeout_s=6)
+# EXTRA: more flags for both runs, e.g. "--config.diloco.delay=one_round".
+read -r -a extra <<< "${EXTRA:-}"
+args+=("${extra[@]}")
 store="$work/stormy/islands/dipaco"
 # The launcher's own roles (it restarts them); the late worker and the
 # slowed w2 are left be (a restart costs a worker its compilation, which

@@ -12,6 +12,8 @@
 # diloco2: DiLoCo x2 on the dense.py model, H = 100, two worker processes
 #   with one GPU each through a local-disk store, against the SPMD run of
 #   one replica on one GPU of the same machine (same base, same steps).
+# Env: STEPS, HS (the H values of diloco2), MAX_CHARS, DELAY (e.g.
+# one_round: DiLoCoX's overlap for the island runs of diloco2).
 # Writes OUT/<part>.log, OUT/*.json (results.json and islands stats).
 set -uo pipefail
 part=${1:?paths256|diloco2}; out=${2:?OUT}
@@ -55,6 +57,7 @@ case $part in
       python3 -m dipaco_jax.islands --config=experiments/dense.py \
         --workdir=$b "${corpus[@]}" "${steps[@]}" \
         --config.paths.num_replicas=2 --config.diloco.inner_steps=$h \
+        ${DELAY:+--config.diloco.delay=$DELAY} \
         --num_workers=2 --gpus_per_worker_machine=2 >> "$log" 2>&1
       echo "exit islands H=$h $?" >> "$log"
       cp $b/results.json "$out/diloco_islands2_h${h}_results.json"
