@@ -1,5 +1,9 @@
 """Where an island run's time went: per task, compute, upload, wait.
 
+Each worker records its tasks (`TaskStats`: start, seconds, losses, peak
+device memory) in `control/stats/{worker}.json`; the launcher reads them
+back for `stats.json` and this module's plot.
+
 Delayed tasks (islands/delayed.py) record four phases each: `compute`
 (load and H inner steps; 0 when the round was trained ahead), `wait` (for
 the module version the round restarts from, and reading it), `next_round`
@@ -9,15 +13,49 @@ worker on one time axis: with the outer step one round late and the
 uploads in the background, a round is about its compute.
 """
 
+import jax
 import numpy as np
 
 from dipaco_jax.islands import delayed
 from dipaco_jax.islands import layout
+from dipaco_jax.store import atomic
 
 PHASES = delayed.PHASES
 _COLORS = {"compute": "tab:blue", "wait": "tab:red",
            "next_round": "tab:cyan", "upload_tail": "tab:orange",
            "task": "tab:gray"}
+
+
+class TaskStats:
+  """The worker's task timings and peak device memory, in its own control
+  file (`control/stats/{worker_id}.json`), continued after a restart."""
+
+  def __init__(self, run, worker_id: str):
+    self.path = layout.control(run, "stats", f"{worker_id}.json")
+    self.info = layout.read_json(self.path) or {"tasks": []}
+
+  def add(self, task, started: float, seconds: float,
+          losses: dict, phases: dict | None = None) -> None:
+    row = {"round": task.round_index, "group": list(task.group),
+           "start": started, "seconds": seconds,
+           "losses": [losses[w] for w in task.group]}
+    if phases:  # Delayed tasks: seconds per phase (PHASES).
+      row["phases"] = phases
+    self.info["tasks"].append(row)
+    peak = peak_device_bytes()
+    if peak is not None:
+      self.info["peak_device_bytes"] = max(
+          peak, self.info.get("peak_device_bytes", 0))
+    atomic.write_json(self.path, self.info, indent=None)
+
+
+def peak_device_bytes() -> int | None:
+  """The largest peak memory of this process's devices (None where the
+  backend does not say, e.g. CPU)."""
+  peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
+           for d in jax.local_devices()]
+  peaks = [p for p in peaks if p is not None]
+  return max(peaks) if peaks else None
 
 
 def worker_tasks(run) -> dict[str, list[dict]]:

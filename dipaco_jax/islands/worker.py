@@ -11,7 +11,9 @@ then writes each worker's AdamW state at step (r + 1)H and its
 contribution of round r (outer - inner, Eq. 1 of `diloco.outer`, through
 the compressor hook), one key per slot. A task whose keys are all committed
 is not run again, and a re-run writes the same bytes, so a worker killed
-anywhere costs at most its unfinished task.
+anywhere costs at most its unfinished task. With DiLoCoX's one-round
+delay a task is `islands/delayed.py`'s instead (own anchors, uploads in
+the background, the next round trained ahead).
 
 The worker learns its task from `control/assign/{worker_id}.json` (written
 by the coordinator alone) and reports liveness in
@@ -35,6 +37,7 @@ from dipaco_jax.data import shards as shards_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import delayed
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import timeline
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
 from dipaco_jax.store import atomic
@@ -305,38 +308,6 @@ class Heartbeat:
     self._thread.join(timeout=5)
 
 
-class TaskStats:
-  """The worker's task timings and peak device memory, in its own control
-  file (`control/stats/{worker_id}.json`), continued after a restart."""
-
-  def __init__(self, run, worker_id: str):
-    self.path = layout.control(run, "stats", f"{worker_id}.json")
-    self.info = layout.read_json(self.path) or {"tasks": []}
-
-  def add(self, task: Task, started: float, seconds: float,
-          losses: dict, phases: dict | None = None) -> None:
-    row = {"round": task.round_index, "group": list(task.group),
-           "start": started, "seconds": seconds,
-           "losses": [losses[w] for w in task.group]}
-    if phases:  # Delayed tasks: compute, upload, wait, restart seconds.
-      row["phases"] = phases
-    self.info["tasks"].append(row)
-    peak = peak_device_bytes()
-    if peak is not None:
-      self.info["peak_device_bytes"] = max(
-          peak, self.info.get("peak_device_bytes", 0))
-    atomic.write_json(self.path, self.info, indent=None)
-
-
-def peak_device_bytes() -> int | None:
-  """The largest peak memory of this process's devices (None where the
-  backend does not say, e.g. CPU)."""
-  peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
-           for d in jax.local_devices()]
-  peaks = [p for p in peaks if p is not None]
-  return max(peaks) if peaks else None
-
-
 def serve(run, worker_id: str, slowdown_s: float = 0.0,
           poll_s: float = 0.1, max_idle_s: float = 3600.0) -> int:
   """Takes tasks until the run is done; returns the number run. Waits up
@@ -346,7 +317,7 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   log = lambda msg: print(f"[worker {worker_id}] {msg}", flush=True)
   meter = layout.ByteMeter(run, f"worker-{worker_id}")
   runner = TaskRunner(run, spec, meter, slowdown_s, log)
-  stats = TaskStats(run, worker_id)
+  stats = timeline.TaskStats(run, worker_id)
   assign_path = layout.control(run, "assign", f"{worker_id}.json")
   done_seq, ran, idle_since = -1, 0, time.monotonic()
   with Heartbeat(run, worker_id, spec.heartbeat_s) as heartbeat:
