@@ -14,9 +14,7 @@ from dipaco_jax.diloco import comm_step
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.train import loop
 
-# One slot "s" with one module (K = 1) of one scalar, two workers using it.
-ASSIGNMENT = np.zeros((2, 1), np.int32)
-WEIGHTS = jnp.ones(2)
+# One slot "s" with one module (K = 1) of one scalar, used by every worker.
 # Outer SGD with lr 1 and (heavy-ball) momentum 0.5: m <- D + 0.5 m,
 # g <- g - m.
 TX = optax.sgd(1.0, momentum=0.5)
@@ -25,10 +23,10 @@ TX = optax.sgd(1.0, momentum=0.5)
 PROGRESS = [(1.0, 3.0), (2.0, -2.0), (4.0, 0.0)]
 
 
-def _start(delay):
+def _start(delay, num_workers=2):
   comms = {"s": comm_lib.SlotComm(delay)}
   bank = {"s": {"w": jnp.zeros((1, 1))}}
-  params = {"s": {"w": jnp.zeros((2, 1))}}
+  params = {"s": {"w": jnp.zeros((num_workers, 1))}}
   inner_extra, outer_extra = comm_step.init_extra(comms, params, bank, TX)
   outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
            **outer_extra}
@@ -36,20 +34,23 @@ def _start(delay):
   return comms, outer, inner
 
 
-def _rounds(delay):
+def _rounds(delay, progress=PROGRESS):
   """(global g, workers' x) after each outer step, then after the flush."""
-  comms, outer, inner = _start(delay)
+  num_workers = len(progress[0])
+  comms, outer, inner = _start(delay, num_workers)
+  assignment = np.zeros((num_workers, 1), np.int32)
   seen = []
-  for p in PROGRESS:
+  for p in progress:
     inner = dict(inner, params={"s": {"w": inner["params"]["s"]["w"] +
                                       jnp.array(p)[:, None]}})
     outer, inner = comm_step.outer_update(
-        outer, inner, TX, comms=comms, assignment_WxS=ASSIGNMENT,
-        slot_names=("s",), weights_W=WEIGHTS, rescale_by_sqrt_users=False)
+        outer, inner, TX, comms=comms, assignment_WxS=assignment,
+        slot_names=("s",), weights_W=jnp.ones(num_workers),
+        rescale_by_sqrt_users=False)
     seen.append((float(outer["params"]["s"]["w"][0, 0]),
                  tuple(np.asarray(inner["params"]["s"]["w"][:, 0]))))
   outer, inner = comm_step.flush(outer, inner, TX, comms=comms,
-                                 assignment_WxS=ASSIGNMENT,
+                                 assignment_WxS=assignment,
                                  slot_names=("s",))
   seen.append((float(outer["params"]["s"]["w"][0, 0]),
                tuple(np.asarray(inner["params"]["s"]["w"][:, 0]))))
@@ -92,6 +93,15 @@ def test_eager_by_hand():
   assert _rounds("eager") == [
       (0.0, (0.5, 1.5)), (2.0, (3.25, 1.75)), (3.0, (5.625, 2.875)),
       (5.5, (5.5, 5.5))]
+
+
+def test_eager_with_one_worker_is_plain_diloco():
+  # With one worker its eager estimate D^{r-1} + (c^r - c^{r-1}) is c^r
+  # (D^{r-1} = c^{r-1}): its view follows the undelayed global exactly.
+  progress = [(1.0,), (2.0,), (4.0,)]
+  eager = [x for _, x in _rounds("eager", progress)[:-1]]
+  plain = [x for _, x in _rounds("none", progress)[:-1]]
+  assert eager == plain
 
 
 # The SPMD runtime's simulation.
