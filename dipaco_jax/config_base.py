@@ -137,7 +137,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.outer_momentum = 0.9
   c.diloco.weight_by_shard_size = True  # Paper Eq. 2-3.
   c.diloco.rescale_by_sqrt_users = False  # Paper section 2.7 (multiply).
-  # DiLoCoX communication (diloco/delay.py, diloco/compress.py). The
+  # DiLoCoX communication (diloco/comm.py, comm_step.py, compress.py). The
   # defaults are plain DiLoCo/DiPaCo and leave the run's settings hash as
   # it was before these fields existed (stages/run_configs.py).
   c.diloco.delay = "none"  # none | one_round | eager
