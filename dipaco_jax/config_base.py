@@ -146,10 +146,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.compression_block_size = 256  # int8/int4/e3m0: values per scale.
   c.diloco.compression_rank_min = 1  # lowrank: the adaptive rank's bounds.
   c.diloco.compression_rank_max = 32
-  c.diloco.compression_energy = 0.9  # lowrank: share of |delta|^2 kept.
+  # lowrank: the share of its rank_max approximation's energy kept.
+  c.diloco.compression_energy = 0.9
   c.diloco.compression_topk_fraction = 0.01  # topk: share of entries sent.
-  # Per-module overrides, "slot=key:value+key:value;slot2=...", e.g.
-  # "level_0=compression:int8+delay:none" (slots: paths.Topology).
+  # Per-slot overrides, "SELECTOR=key:value+key:value;...", a selector
+  # being a slot's name or kind (shared | level | private), e.g.
+  # "level=compression:int8;shared=delay:none" (diloco/comm.py).
   c.diloco.per_slot = ""
 
   # --- Training -----------------------------------------------------------
