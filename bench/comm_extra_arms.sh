@@ -7,6 +7,7 @@
 #   one_round_int4_ef  one_round + int4 + error feedback
 #   lowrank8_ef        lowrank, rank 1-8, + error feedback
 # Usage: OUT=DIR bash bench/comm_extra_arms.sh   (~3 min on one H100)
+# (bench/comm_quality.sh now keeps its arms in WORK_DIR/arms/.)
 set -u
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -15,8 +15,9 @@
 # The combined arm's compressor is chosen WITHOUT validation data: among the
 # compressed arms sending at least 100x fewer bytes than float32, the one
 # with the lowest mean training loss over its last 10% of steps.
-# Each arm's results.json lands in OUT_DIR/NAME.json, then OUT_DIR/summary.md
-# (python bench/comm_table.py OUT_DIR) holds the table.
+# Each arm's results.json, metrics and log go to WORK_DIR/arms/ and, packed,
+# to OUT_DIR/arms.tgz (a device run returns only a few files); the table
+# (python bench/comm_table.py WORK_DIR/arms) is OUT_DIR/summary.md.
 #
 # Usage: [STEPS=3000] [MAX_CHARS=400000000] [LANES=3] [MODEL="flags"] \
 #        bash bench/comm_quality.sh OUT_DIR [WORK_DIR]
@@ -28,7 +29,8 @@ cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}; work=${2:-/tmp/comm_quality}
 steps=${STEPS:-3000}; lanes=${LANES:-3}
 read -r -a model <<< "${MODEL:-}"
-mkdir -p "$out" "$work"
+arms="$work/arms"
+mkdir -p "$out" "$work" "$arms"
 # Several JAX processes share the GPU: none may take 75% of it up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 log="$out/comm_quality.log"
@@ -50,11 +52,11 @@ run() {  # name, then extra main.py flags
   local name=$1; shift
   echo "=== $name: $* ($(date -u +%H:%M:%S))" >> "$log"
   python3 -m dipaco_jax.main --workdir="$work/$name" "${common[@]}" "$@" \
-    > "$out/$name.log" 2>&1
-  cp "$work/$name/results.json" "$out/$name.json" 2>/dev/null \
+    > "$arms/$name.log" 2>&1
+  cp "$work/$name/results.json" "$arms/$name.json" 2>/dev/null \
     || echo "!!! $name wrote no results" >> "$log"
   cp "$work/$name/runs/main/logs/train/metrics.jsonl" \
-    "$out/$name.metrics.jsonl" 2>/dev/null
+    "$arms/$name.metrics.jsonl" 2>/dev/null
   echo "=== $name done ($(date -u +%H:%M:%S))" >> "$log"
 }
 share() {  # reuse the data and the dense base of run $1 in run $2
@@ -73,10 +75,11 @@ for name in "${order[@]}"; do
   if (( i % lanes == 0 )); then wait; fi
 done
 wait
-best=$(python3 bench/comm_table.py "$out" --choose)
+best=$(python3 bench/comm_table.py "$arms" --choose)
 echo "=== combined arm: one_round + $best" >> "$log"
 share diloco_x8 one_round_best
 # shellcheck disable=SC2086
 run one_round_best --config.diloco.delay=one_round ${ARMS[$best]}
-python3 bench/comm_table.py "$out" > "$out/summary.md"
+python3 bench/comm_table.py "$arms" > "$out/summary.md"
+tar czf "$out/arms.tgz" -C "$arms" .
 cat "$out/summary.md"
