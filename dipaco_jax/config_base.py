@@ -247,13 +247,16 @@ def _validate_comm(config) -> None:
   from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
   from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top
   from dipaco_jax.diloco import compress  # pylint: disable=g-import-not-at-top
+  d = config.diloco
+  if d.compression_rank_min > d.compression_rank_max:
+    _fail("diloco.compression_rank_min", f"{d.compression_rank_min} must be "
+          f"<= diloco.compression_rank_max ({d.compression_rank_max}).")
   slots = paths_lib.topology_from_config(config).slots
   for name, slot_comm in comm_lib.comm_by_slot(config, slots).items():
     try:
       compress.make_codec(slot_comm.spec)
-    except ValueError as e:
-      _fail("diloco.compression_rank_min", f"slot {name}: {e}; "
-            "rank_min must be <= compression_rank_max.")
+    except ValueError as e:  # Only per_slot values can get here.
+      _fail("diloco.per_slot", f"slot {name}: {e}.")
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:

@@ -152,7 +152,7 @@ def test_identity_compressor_with_feedback_matches_the_plain_step():
       assignment_WxS=runtime.topology.assignment_WxS,
       slot_names=runtime.slot_names, weights_W=jnp.ones(4),
       rescale_by_sqrt_users=False)
-  plain_outer, plain_params, _ = outer_lib.outer_update(
+  plain_outer, plain_params = outer_lib.outer_update(
       host["outer"], host["inner"]["params"], runtime.outer_tx,
       assignment_WxS=runtime.topology.assignment_WxS,
       slot_names=runtime.slot_names, weights_W=jnp.ones(4),
@@ -234,3 +234,16 @@ def test_per_slot_overrides_and_their_errors():
     config.diloco.per_slot = text
     with pytest.raises(UserError, match=message):
       comm_lib.comm_by_slot(config, slots)
+
+
+def test_bad_compression_bounds_are_one_line_config_errors():
+  from dipaco_jax import config_base  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  config = _config(compression_rank_min=9, compression_rank_max=4)
+  with pytest.raises(UserError, match=r"diloco.compression_rank_min: 9 must"
+                     r" be <= diloco.compression_rank_max \(4\)"):
+    config_base.validate(config, 8)
+  config = _config(per_slot="level=compression:lowrank+energy:2")
+  with pytest.raises(UserError, match=r"per_slot: slot layers_00_01: energy "
+                     r"\(2.0\)"):
+    config_base.validate(config, 8)

@@ -25,7 +25,7 @@ def _nesterov():
 
 
 def _outer_step(bank, opt_state, inner, rescale=False, weights=WEIGHTS):
-  new, restarted, _ = outer.outer_update(
+  new, restarted = outer.outer_update(
       {"params": bank, "opt_state": opt_state}, inner, _nesterov(),
       assignment_WxS=ASSIGNMENT, slot_names=SLOTS, weights_W=weights,
       rescale_by_sqrt_users=rescale)

@@ -312,11 +312,14 @@ def make_codec(spec: CompressionSpec) -> Codec:
   """The codec of `spec`, or a clear error for a bad spec."""
   if spec.name not in _CODECS:
     raise ValueError(f"compression: unknown {spec.name!r}, not in {NAMES}")
-  if spec.block_size < 1 or not 1 <= spec.rank_min <= spec.rank_max:
-    raise ValueError(f"compression: bad block size or rank bounds: {spec}")
+  if spec.block_size < 1:
+    raise ValueError(f"block_size must be >= 1 (got {spec.block_size})")
+  if not 1 <= spec.rank_min <= spec.rank_max:
+    raise ValueError(f"rank_min ({spec.rank_min}) must be in [1, rank_max "
+                     f"({spec.rank_max})]")
   if not (0 < spec.energy <= 1 and 0 < spec.topk_fraction <= 1):
-    raise ValueError(f"compression: energy and topk_fraction must be in "
-                     f"(0, 1]: {spec}")
+    raise ValueError(f"energy ({spec.energy}) and topk_fraction "
+                     f"({spec.topk_fraction}) must be in (0, 1]")
   return _CODECS[spec.name](spec)
 
 

@@ -3,9 +3,9 @@
 Every H inner steps, for each slot s and expert e (a *module*):
 
   contribution  c[w][s] = outer[s][e(w, s)] - inner[s][w]             (1)
-  compress      what worker w sends: identity today (DiLoCoX's
-                quantizers and low rank slot in here, with a per-worker
-                error-feedback buffer)
+  (compress     what worker w sends: c itself here; DiLoCoX's codecs
+                and delays are `diloco/comm_step.py`, built from these same
+                functions)
   mix           delta[s][e] = r[s][e] * sum_w a[w, e] c[w][s]            (2)
                 a[w, e] = c_w [e(w, s) == e] / sum_w' c_w' [e(w', s) == e]
   optimize      outer[s], state[s] <- outer optimizer(delta[s])   (optax)
@@ -31,17 +31,11 @@ and the rest in the module's outer executor. No formula here is written
 anywhere else.
 """
 
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
-# compress(contributions, error_feedback) -> (sent, error_feedback); trees
-# are {slot: leaves [W, ...]} (error_feedback may be None).
-Compressor = Callable[[dict, dict | None], tuple[dict, dict | None]]
-
 
 def check_weights(weights_W) -> np.ndarray:
   """The worker weights as float64, or a clear error."""
@@ -97,11 +91,6 @@ def contributions(outer_bank: dict, inner_params: dict, assignment_WxS,
   return {name: jax.tree.map(
       lambda o, i: o.astype(jnp.float32) - i.astype(jnp.float32),
       start[name], inner_params[name]) for name in slot_names}
-
-
-def identity_compressor(contribs: dict, error_feedback):
-  """Sends the contributions as they are (no compression)."""
-  return contribs, error_feedback
 
 
 def mix(contribs: dict, slot_names, mixing: list, users: list,
@@ -166,9 +155,7 @@ def optimize(tx: optax.GradientTransformation, bank: dict, opt_state: dict,
 
 def outer_update(outer: dict, inner_params: dict,
                  tx: optax.GradientTransformation, *, assignment_WxS,
-                 slot_names, weights_W, rescale_by_sqrt_users: bool,
-                 compress: Compressor = identity_compressor,
-                 error_feedback=None):
+                 slot_names, weights_W, rescale_by_sqrt_users: bool):
   """The whole chain: one outer step of every module.
 
   Args:
@@ -179,17 +166,13 @@ def outer_update(outer: dict, inner_params: dict,
     slot_names: the slots, in the table's column order.
     weights_W: the workers' weights (may be traced; 0 = missing).
     rescale_by_sqrt_users: multiply by sqrt(weighted users).
-    compress: the compressor hook.
-    error_feedback: the compressor's per-worker state, or None.
 
   Returns:
-    (outer, restarted inner params, error_feedback).
+    (outer, restarted inner params).
   """
   bank = outer["params"]
   num_experts = [jax.tree.leaves(bank[n])[0].shape[0] for n in slot_names]
-  sent, error_feedback = compress(
-      contributions(bank, inner_params, assignment_WxS, slot_names),
-      error_feedback)
+  sent = contributions(bank, inner_params, assignment_WxS, slot_names)
   users = users_per_module(assignment_WxS, weights_W, num_experts)
   deltas = mix(sent, slot_names, mixing_matrices(assignment_WxS, weights_W,
                                                  num_experts),
@@ -197,7 +180,7 @@ def outer_update(outer: dict, inner_params: dict,
   active = {name: users[s] > 0 for s, name in enumerate(slot_names)}
   bank, opt_state = optimize(tx, bank, outer["opt_state"], deltas, active)
   restarted = gather_workers(bank, assignment_WxS, slot_names)
-  return {"params": bank, "opt_state": opt_state}, restarted, error_feedback
+  return {"params": bank, "opt_state": opt_state}, restarted
 
 
 def outer_optimizer(diloco_config) -> optax.GradientTransformation:

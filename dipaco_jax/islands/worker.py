@@ -8,8 +8,8 @@ each worker's AdamW state at step rH, runs H inner steps of today's jitted,
 vmapped SPMD program over g on this process's devices (batches are the
 same pure function of seed, run, worker and step as in the SPMD runtime),
 then writes each worker's AdamW state at step (r + 1)H and its
-contribution of round r (outer - inner, Eq. 1 of `diloco.outer`, through
-the compressor hook), one key per slot. A task whose keys are all committed
+contribution of round r (outer - inner, Eq. 1 of `diloco.outer`,
+uncompressed), one key per slot. A task whose keys are all committed
 is not run again, and a re-run writes the same bytes, so a worker killed
 anywhere costs at most its unfinished task. With DiLoCoX's one-round
 delay a task is `islands/delayed.py`'s instead (own anchors, uploads in
@@ -212,11 +212,9 @@ class TaskRunner:
     }
     state = jax.device_put(state, runtime.state_shardings)
     state, losses_HxG = self.inner_steps(task, runtime, state)
-    contribs = outer_lib.contributions(
+    sent = jax.device_get(outer_lib.contributions(
         jax.tree.map(jnp.asarray, bank), state["inner"]["params"],
-        local_GxS, self.slot_names)
-    sent, _ = outer_lib.identity_compressor(contribs, None)
-    sent = jax.device_get(sent)
+        local_GxS, self.slot_names))
     self._kept = None
     opt_state = jax.device_get(state["inner"]["opt_state"])
     loss_G = losses_HxG.mean(axis=0)

@@ -131,12 +131,15 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         done = step + 1
         if sync_every and done % sync_every == 0:
           state = _sync_round(sync, done // sync_every - 1, state)
-          if writes and "sent_bytes_W" in state["inner"]:
+          if "sent_bytes_W" in state["inner"]:
             # What each worker's compressed contribution weighed this
-            # round (a low rank's adapts): measured, not computed.
-            metrics_lib.append_jsonl(comm_log, {
-                "step": done, "sent_bytes_W": np.asarray(multihost.to_host(
-                    state["inner"]["sent_bytes_W"])).tolist()})
+            # round (a low rank's adapts): measured, not computed. A
+            # collective with several processes: all read, process 0 logs.
+            sent_W = np.asarray(multihost.to_host(
+                state["inner"]["sent_bytes_W"]))
+            if writes:
+              metrics_lib.append_jsonl(comm_log, {
+                  "step": done, "sent_bytes_W": sent_W.tolist()})
           if done == num_steps:
             # A delayed synchronizer's open rounds, before the final save.
             state = sync_lib.finish_remaining(sync, done // sync_every - 1,

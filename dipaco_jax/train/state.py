@@ -5,10 +5,11 @@ The state is a dict of two parts that are saved, sent and donated apart:
   inner                per worker (leading axis W):
     params             every worker's path: {slot: leaves [W, ...]}
     opt_state          every worker's AdamW state
-    (error_feedback    a compressor's residual, when one is used)
   outer                per module (leading axis K_s in each slot):
     params             the module bank: {slot: leaves [K_s, ...]}
     opt_state          the outer optimizer's state, {slot: state}
+With DiLoCoX's delay or compression set, both parts carry more (anchors,
+residuals, the round in flight: `diloco/comm_step.py`).
 
 `inner_step` is the per-worker AdamW step `jax.vmap`ped over workers (the
 mesh axis `path`); `outer_step(state, weights_W)` is the chain of
@@ -249,16 +250,12 @@ class Runtime:
           rescale_by_sqrt_users=self.config.diloco.rescale_by_sqrt_users)
       return dict(state, inner=inner, outer=outer)
     inner = state["inner"]
-    outer, params, error_feedback = outer_lib.outer_update(
+    outer, params = outer_lib.outer_update(
         state["outer"], inner["params"], self.outer_tx,
         assignment_WxS=self.topology.assignment_WxS,
         slot_names=self.slot_names, weights_W=weights_W,
-        rescale_by_sqrt_users=self.config.diloco.rescale_by_sqrt_users,
-        error_feedback=inner.get("error_feedback"))
-    inner = dict(inner, params=params)
-    if error_feedback is not None:
-      inner["error_feedback"] = error_feedback
-    return dict(state, inner=inner, outer=outer)
+        rescale_by_sqrt_users=self.config.diloco.rescale_by_sqrt_users)
+    return dict(state, inner=dict(inner, params=params), outer=outer)
 
   def _jit_outer_step(self):
     replicated = mesh_lib.replicated(self.mesh)
