@@ -9,11 +9,13 @@
 #   task (the SPMD runtime vmaps all 256 workers and their AdamW states into
 #   one program, which runs out of memory on one 80 GB H100); then the
 #   store's write/read throughput against dd on the same disk.
-# diloco2: DiLoCo x2 on the dense.py model, H = 100, two worker processes
-#   with one GPU each through a local-disk store, against the SPMD run of
-#   one replica on one GPU of the same machine (same base, same steps).
-# Env: STEPS, HS (the H values of diloco2), MAX_CHARS, DELAY (e.g.
-# one_round: DiLoCoX's overlap for the island runs of diloco2).
+# diloco2: DiLoCo x2 on the dense.py model, two worker processes with one
+#   GPU each through a local-disk store, against the SPMD run of one
+#   replica on one GPU of the same machine (same base, same steps), one
+#   island run per arm of ARMS ("DELAY:H" words, default "none:100";
+#   one_round is DiLoCoX's overlap); then the store's throughput against
+#   dd; `python bench/islands_speedup.py OUT` makes the table.
+# Env: STEPS, ARMS, MAX_CHARS.
 # Writes OUT/<part>.log, OUT/*.json (results.json and islands stats).
 set -uo pipefail
 part=${1:?paths256|diloco2}; out=${2:?OUT}
@@ -52,16 +54,22 @@ case $part in
     mkdir -p $b/runs && cp -r $a/data $b/ && cp -r $a/runs/base $b/runs/ \
       && cp -r $a/shards $b/ 2>/dev/null
     cp $a/results.json "$out/diloco_spmd1_results.json"
-    for h in ${HS:-100}; do  # H: inner steps per round
+    cp $a/runs/main/logs/train/metrics.jsonl "$out/diloco_spmd1_metrics.jsonl"
+    for arm in ${ARMS:-none:100}; do  # DELAY:H (H: inner steps per round)
+      delay=${arm%%:*}; h=${arm##*:}; tag=${delay}_h$h
       rm -rf $b/islands $b/runs/main $b/results.json
       python3 -m dipaco_jax.islands --config=experiments/dense.py \
         --workdir=$b "${corpus[@]}" "${steps[@]}" \
         --config.paths.num_replicas=2 --config.diloco.inner_steps=$h \
-        ${DELAY:+--config.diloco.delay=$DELAY} \
+        --config.diloco.delay=$delay \
         --num_workers=2 --gpus_per_worker_machine=2 >> "$log" 2>&1
-      echo "exit islands H=$h $?" >> "$log"
-      cp $b/results.json "$out/diloco_islands2_h${h}_results.json"
-      cp $b/islands/main/stats.json "$out/diloco_islands2_h${h}_stats.json"
-    done ;;
+      echo "exit islands $tag $?" >> "$log"
+      cp $b/results.json "$out/diloco_islands2_${tag}_results.json"
+      cp $b/islands/main/stats.json "$out/diloco_islands2_${tag}_stats.json"
+      cp $b/plots/islands_main.png "$out/diloco_islands2_${tag}_timeline.png"
+    done
+    python3 bench/store_throughput.py --dir=/tmp/store_bench --mib=2048 \
+      > "$out/store_throughput.json" 2>> "$log"
+    cat "$out/store_throughput.json" >> "$log" ;;
 esac
 tail -40 "$log"

@@ -213,12 +213,10 @@ class Coordinator:
         self.tasks_done[worker] = self.tasks_done.get(worker, 0) + 1
         self.last_group[worker] = self.groups.index(tuple(task["group"]))
         self._write_lease(worker, None)
-    if self.spec.collect_garbage:
-      # After the state that says what is done is saved: a restarted
-      # coordinator must not look for what was deleted.
-      self._save_state(live)
-      self.collect_garbage()
     if all(r == self.num_rounds for r in self.frontier) and self.run_done():
+      if self.spec.collect_garbage:
+        self._save_state(live)
+        self.collect_garbage()
       self._finish(live)
       return True
     leased = self._leased(live)
@@ -236,6 +234,11 @@ class Coordinator:
       pending.remove((r, g))
       self._write_lease(worker, {"round": r, "group": list(self.groups[g])})
     self._save_state(live)
+    if self.spec.collect_garbage:
+      # After the leases (deleting a round's keys takes time no worker
+      # should wait for) and after the state that says what is done is
+      # saved (a restarted coordinator must not look for what was deleted).
+      self.collect_garbage()
     return False
 
   def _save_state(self, live) -> None:
@@ -267,7 +270,7 @@ def _remove(directory) -> None:
     directory.rmtree()
 
 
-def serve(run, poll_s: float = 0.2, timeout_s: float = 24 * 3600.0) -> None:
+def serve(run, poll_s: float = 0.05, timeout_s: float = 24 * 3600.0) -> None:
   spec = layout.RunSpec.load(run)
   log = lambda msg: print(f"[coordinator] {msg}", flush=True)
   coordinator = Coordinator(run, spec, log)

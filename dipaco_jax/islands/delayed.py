@@ -18,10 +18,13 @@ ends on.
 Overlap: while the uploads of round r run, the worker already trains
 round r + 1 of the same group (a pure function of what it holds, so the
 result is the same whoever runs that task; it is used if the coordinator
-gives this worker that task, as it does when it can: sticky leases). A
-task is done, as always, when its outputs are committed. So a round costs
-about its compute plus reading version r, while the contributions, the
-outer step and the state go over the link during the next round's compute.
+gives this worker that task, as it does when it can: sticky leases), and a
+thread reads version r + 1 as soon as the executors commit it. A task is
+done, as always, when its outputs are committed. So a round costs about
+its compute, while the contributions, the outer step, the state and the
+next version go over the link during the next round's compute. Between
+rounds the group's parameters, anchor and AdamW state stay on the worker's
+devices; the upload threads copy what they send to the host themselves.
 """
 
 import dataclasses
@@ -29,6 +32,7 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax.diloco import outer as outer_lib
@@ -44,9 +48,10 @@ class Trained:
   """A group's round, trained: where it started and where it ended."""
   round_index: int
   group: tuple
-  anchor: dict  # [G, ...] host arrays
-  params: dict  # [G, ...] host arrays
+  anchor: dict  # [G, ...] on device
+  params: dict  # [G, ...] on device
   opt_state: dict  # AdamW, on device
+  outer: dict  # The inner step's pass-through bank, reused next round.
   loss_G: np.ndarray
   seconds: float
 
@@ -56,28 +61,78 @@ def inner_like(program) -> dict:
   return {"opt": program.worker_opt_like, "anchor": program.module_like}
 
 
-def _wait_for_version(runner, task, timeout_s: float = WAIT_TIMEOUT_S):
-  """Blocks until every module the group uses has version r committed."""
-  keys = [layout.module_dir(runner.run, name, int(e), task.round_index)
+def _version_keys(runner, task) -> list:
+  return [layout.module_dir(runner.run, name, int(e), task.round_index)
           for s, name in enumerate(runner.slot_names)
           for e in np.unique(runner.topology.assignment_WxS[
               list(task.group), s])]
+
+
+def _read_version(runner, task, program, cancel=None,
+                  timeout_s: float = WAIT_TIMEOUT_S):
+  """Waits until every module the group uses has version r committed, then
+  reads them: (bank, local assignment), or None if `cancel` was set."""
+  keys = _version_keys(runner, task)
   deadline = time.monotonic() + timeout_s
   while not all(layout.committed(k) for k in keys):
+    if cancel is not None and cancel.is_set():
+      return None
     if time.monotonic() > deadline:
       raise TimeoutError(f"waited {timeout_s:.0f} s for module version "
                          f"{task.round_index}")
-    time.sleep(0.02)
+    time.sleep(0.01)
+  return runner.load_bank(task, program)
+
+
+class _Thread(threading.Thread):
+  """`fn(*args)` in the background; `join` re-raises its error and returns
+  its result."""
+
+  def __init__(self, fn, *args):
+    super().__init__(daemon=True)
+    self._fn, self._args, self.error, self.result = fn, args, None, None
+
+  def run(self):
+    try:
+      self.result = self._fn(*self._args)
+    except BaseException as e:  # pylint: disable=broad-exception-caught
+      self.error = e
+
+  def join(self, timeout=None):
+    super().join(timeout)
+    if self.error is not None:
+      raise self.error
+    return self.result
+
+
+class _Prefetch:
+  """Version r of a group's modules, read by a thread once committed."""
+
+  def __init__(self, runner, task, program):
+    self.key = (task.round_index, task.group)
+    self.cancel = threading.Event()
+    self.thread = _Thread(_read_version, runner, task, program, self.cancel)
+    self.thread.start()
+
+
+def _version(runner, task, program):
+  """(bank, local assignment) of version r: prefetched, or read now."""
+  prefetch, runner.prefetch = runner.prefetch, None
+  if prefetch is not None:
+    if prefetch.key == (task.round_index, task.group):
+      return prefetch.thread.join()
+    prefetch.cancel.set()  # Another group's: its reads are not needed.
+  return _read_version(runner, task, program)
 
 
 def _start(runner, task, program):
-  """(anchor [G, ...], AdamW state) the group's round starts from."""
+  """(anchor [G, ...], AdamW state) the group's round starts from: on
+  device when this worker trained the round before, else from the store."""
   r, h = task.round_index, runner.spec.inner_steps
   if r == 0:
     bank, local_GxS = runner.load_bank(task, program)
     anchor = outer_lib.gather_workers(bank, local_GxS, runner.slot_names)
-    return anchor, jax.device_get(
-        jax.vmap(program.runtime.inner_tx.init)(anchor))
+    return anchor, jax.vmap(program.runtime.inner_tx.init)(anchor)
   kept = runner.kept
   if kept is not None and kept[:2] == (task.group, r * h):
     return kept[2], kept[3]
@@ -91,51 +146,60 @@ def _start(runner, task, program):
   return stacked["anchor"], stacked["opt"]
 
 
-def train(runner, task, program) -> Trained:
-  """H inner steps of the group from its anchor (nothing written)."""
+@jax.jit
+def _copy(tree):
+  """A fresh device copy (the inner step donates the buffers it gets)."""
+  return jax.tree.map(jnp.copy, tree)
+
+
+@jax.jit
+def _contributions(anchor, params):
+  """Eq. (1) per worker, in float32: where the round started minus where
+  it ended."""
+  return jax.tree.map(
+      lambda a, p: a.astype(jnp.float32) - p.astype(jnp.float32),
+      anchor, params)
+
+
+@jax.jit
+def _next_anchor(params, start, anchor):
+  """x^r + (v_r - a^r): the global modules plus this round's progress."""
+  return jax.tree.map(lambda p, g, a: (p + (g - a)).astype(p.dtype),
+                      params, start, anchor)
+
+
+def train(runner, task, program, outer=None) -> Trained:
+  """H inner steps of the group from its anchor (nothing written). `outer`
+  is a pass-through bank of the right shapes (None: made here)."""
   t0 = time.monotonic()
   r, h = task.round_index, runner.spec.inner_steps
   runtime = program.runtime
   anchor, opt_state = _start(runner, task, program)
-  anchor = jax.device_get(anchor)  # The inner step donates its state.
+  anchor = jax.device_put(anchor, runtime.state_shardings["inner"]["params"])
+  if outer is None:
+    # The inner step passes the bank through untouched: any [G, ...] tree
+    # of the bank's shapes will do.
+    outer = {"params": anchor, "opt_state": outer_lib.init_outer_opt_state(
+        runtime.outer_tx, anchor)}
   state = {
       "step": np.int32(r * h),
-      "inner": {"params": anchor, "opt_state": opt_state},
-      # The inner step passes the bank through untouched: any [G, ...]
-      # tree of the bank's shapes will do.
-      "outer": {"params": jax.tree.map(np.copy, anchor),
-                "opt_state": outer_lib.init_outer_opt_state(
-                    runtime.outer_tx, anchor)},
+      "inner": {"params": _copy(anchor), "opt_state": opt_state},
+      "outer": _copy(outer),
   }
   state = jax.device_put(state, runtime.state_shardings)
   state, losses_HxG = runner.inner_steps(task, runtime, state)
-  return Trained(r, task.group, anchor,
-                 jax.device_get(state["inner"]["params"]),
-                 state["inner"]["opt_state"], losses_HxG.mean(axis=0),
-                 time.monotonic() - t0)
+  return Trained(r, task.group, anchor, state["inner"]["params"],
+                 state["inner"]["opt_state"], state["outer"],
+                 losses_HxG.mean(axis=0), time.monotonic() - t0)
 
 
-class _Upload(threading.Thread):
-  """A store write in the background; `join` re-raises its error."""
-
-  def __init__(self, fn, *args):
-    super().__init__(daemon=True)
-    self._fn, self._args, self.error = fn, args, None
-
-  def run(self):
-    try:
-      self._fn(*self._args)
-    except BaseException as e:  # pylint: disable=broad-exception-caught
-      self.error = e
-
-  def join(self, timeout=None):
-    super().join(timeout)
-    if self.error is not None:
-      raise self.error
+def _write_contributions(runner, task, contribs, loss_G) -> None:
+  runner.write_contributions(task, jax.device_get(contribs), loss_G)
 
 
-def _write_inner(runner, task, host) -> None:
+def _write_inner(runner, task, state) -> None:
   r, h = task.round_index, runner.spec.inner_steps
+  host = jax.device_get(state)
   for i, w in enumerate(task.group):
     key = layout.inner_dir(runner.run, w, (r + 1) * h)
     items.save_tree(key, items.worker_of(host, i), {"round": r, "worker": w})
@@ -151,24 +215,23 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
   if done is None or (done.round_index, done.group) != (r, task.group):
     done = train(runner, task, program)
   t_compute = time.monotonic()
-  contribs = jax.tree.map(
-      lambda a, p: a.astype(np.float32) - p.astype(np.float32),
-      done.anchor, done.params)
-  uploads = [_Upload(runner.write_contributions, task, contribs,
-                     done.loss_G)]
+  uploads = [_Thread(_write_contributions, runner, task,
+                     _contributions(done.anchor, done.params), done.loss_G)]
   uploads[0].start()
-  _wait_for_version(runner, task)
-  bank, local_GxS = runner.load_bank(task, program)
-  start = outer_lib.gather_workers(bank, local_GxS, runner.slot_names)
-  next_anchor = jax.tree.map(lambda p, g, a: (p + (g - a)).astype(p.dtype),
-                             done.params, start, done.anchor)
-  host = {"opt": jax.device_get(done.opt_state), "anchor": next_anchor}
-  uploads.append(_Upload(_write_inner, runner, task, host))
+  bank, local_GxS = _version(runner, task, program)
+  start = jax.device_put(
+      outer_lib.gather_workers(bank, local_GxS, runner.slot_names),
+      program.runtime.state_shardings["inner"]["params"])
+  next_anchor = _next_anchor(done.params, start, done.anchor)
+  uploads.append(_Thread(_write_inner, runner, task, {
+      "opt": _copy(done.opt_state), "anchor": next_anchor}))
   uploads[1].start()
-  runner.kept = (task.group, (r + 1) * h, next_anchor, host["opt"])
+  runner.kept = (task.group, (r + 1) * h, next_anchor, done.opt_state)
   t_wait = time.monotonic()
   if r + 1 < runner.spec.num_rounds:
-    runner.speculated = train(runner, type(task)(r + 1, task.group), program)
+    following = type(task)(r + 1, task.group)
+    runner.prefetch = _Prefetch(runner, following, program)
+    runner.speculated = train(runner, following, program, done.outer)
   t_next = time.monotonic()
   for upload in uploads:
     upload.join()

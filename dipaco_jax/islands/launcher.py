@@ -236,9 +236,9 @@ def task_stats(run, spec: layout.RunSpec) -> dict:
   workers = {k: v for k, v in files.items() if not k.startswith("executor")}
   executors = {k: v for k, v in files.items() if k.startswith("executor")}
   last = {}
-  for info in workers.values():
+  for worker, info in workers.items():
     for t in info.get("tasks", []):
-      last[(t["round"], tuple(t["group"]))] = t
+      last[(t["round"], tuple(t["group"]))] = {**t, "worker": worker}
   rounds = []
   for r in range(spec.num_rounds):
     tasks = [t for (tr, _), t in last.items() if tr == r]
@@ -259,14 +259,35 @@ def task_stats(run, spec: layout.RunSpec) -> dict:
   return {"rounds": rounds, "tasks": sorted(
       last.values(), key=lambda t: (t["round"], t["group"])),
           # Tokens of all tasks over first task start to last task end:
-          # throughput without the processes' start and compilation.
+          # throughput without the processes' start.
           "tokens_per_s_tasks": steady,
+          "tokens_per_s_after_round0": _after_round0(
+              last.values(), tokens_per_task_path),
           "outer_step_seconds": sum(e.get("seconds", 0.0)
                                     for e in executors.values()),
           "workers": {
       w: {"tasks": len(info.get("tasks", [])),
           "peak_device_bytes": info.get("peak_device_bytes")}
       for w, info in sorted(workers.items())}}
+
+
+def _after_round0(tasks, tokens_per_task_path: int) -> float | None:
+  """Tokens/s of rounds 1.. over the wall time from the first worker's end
+  of round 0's compute to the last task's end: the steady state, without
+  the compilation that round 0's first steps carry. Round 0's compute ends
+  with its task (its contributions' commit counted in round 0) or, for a
+  delayed task, at the end of its `compute` phase (everything after is
+  rounds 1.. and their transfers)."""
+  tasks = list(tasks)
+  first = [t for t in tasks if t["round"] == 0]
+  later = [t for t in tasks if t["round"] > 0]
+  if not first or not later:
+    return None
+  start = min(t["start"] + (t["phases"]["compute"] if "phases" in t
+                            else t["seconds"]) for t in first)
+  end = max(t["start"] + t["seconds"] for t in tasks)
+  return (tokens_per_task_path * sum(len(t["group"]) for t in later)
+          / max(end - start, 1e-9))
 
 
 def check_config(config) -> None:

@@ -116,6 +116,7 @@ class TaskRunner:
     self._kept = None
     self.kept = None
     self.speculated = None  # A delayed group's next round, trained ahead.
+    self.prefetch = None  # delayed._Prefetch: its next module version.
     self.delayed = self.config.diloco.delay == "one_round"
     self._batches: dict[tuple[int, ...], batches_lib.StackedBatches] = {}
 
@@ -307,7 +308,7 @@ class Heartbeat:
 
 
 def serve(run, worker_id: str, slowdown_s: float = 0.0,
-          poll_s: float = 0.1, max_idle_s: float = 3600.0) -> int:
+          poll_s: float = 0.02, max_idle_s: float = 3600.0) -> int:
   """Takes tasks until the run is done; returns the number run. Waits up
   to `max_idle_s` for the run to start and between tasks."""
   spec = layout.RunSpec.load(run, timeout_s=max_idle_s)
