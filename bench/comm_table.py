@@ -3,9 +3,11 @@
   python bench/comm_table.py OUT_DIR            # markdown table
   python bench/comm_table.py OUT_DIR --choose   # the combined arm's compressor
 
-`--choose` looks at training losses only (the mean over the last 10% of
-logged steps, from each arm's metrics.jsonl), never at validation: among the
-compressed arms that send at least 100x fewer bytes than float32, the one
+Rows: the arms of bench/comm_quality.sh in its order, then any other
+arm found in OUT_DIR (bench/comm_sweep.sh's), by name. `--choose` looks at
+training losses only (the mean over the last 10% of logged steps, from
+each arm's metrics.jsonl), never at validation: among the compressed arms
+without a delay that send at least 100x fewer bytes than float32, the one
 with the lowest training loss (else, the fewest bytes).
 """
 
@@ -15,7 +17,6 @@ from pathlib import Path
 
 ARMS = ("diloco_x8", "one_round", "eager", "int4_ef", "e3m0", "lowrank_ef",
         "topk_ef", "one_round_best")
-COMPRESSED = ("int4_ef", "e3m0", "lowrank_ef", "topk_ef")
 
 
 def _load(out: Path, name: str) -> dict | None:
@@ -51,11 +52,18 @@ def arm_figures(out: Path, name: str) -> dict | None:
           "tokens_per_s": run.get("tokens_per_s")}
 
 
+def arm_names(out: Path) -> list[str]:
+  found = {p.name[:-len(".json")] for p in out.glob("*.json")}
+  return ([n for n in ARMS if n in found]
+          + sorted(found.difference(ARMS)))
+
+
 def choose(out: Path) -> str:
   candidates = []
-  for name in COMPRESSED:
+  for name in arm_names(out):
     f = arm_figures(out, name)
-    if f is None or f["sent"] is None:
+    if (f is None or f["sent"] is None or f["sent"] >= f["float32"]
+        or "one_round" in name or "eager" in name):
       continue
     ratio = f["float32"] / f["sent"]
     candidates.append((ratio < 100, f["train_loss"] or float("inf"),
@@ -70,7 +78,7 @@ def table(out: Path) -> str:
   rows = ["| arm | validation perplexity | vs DiLoCo x8 | bytes sent per "
           "worker per round | fewer than float32 | train loss (last 10%) |",
           "| --- | --- | --- | --- | --- | --- |"]
-  for name in ARMS:
+  for name in arm_names(out):
     f = arm_figures(out, name)
     if f is None:
       continue

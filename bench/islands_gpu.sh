@@ -15,7 +15,8 @@
 #   island run per arm of ARMS ("DELAY:H" words, default "none:100";
 #   one_round is DiLoCoX's overlap); then the store's throughput against
 #   dd; `python bench/islands_speedup.py OUT` makes the table.
-# Env: STEPS, ARMS, MAX_CHARS.
+# Env: STEPS, ARMS, MAX_CHARS, EXTRA (more flags for every island run and
+# the SPMD run, e.g. the outer optimizer).
 # Writes OUT/<part>.log, OUT/*.json (results.json and islands stats).
 set -uo pipefail
 part=${1:?paths256|diloco2}; out=${2:?OUT}
@@ -46,7 +47,9 @@ case $part in
     cat "$out/store_throughput.json" >> "$log" ;;
   diloco2)
     a=/tmp/diloco_spmd1; b=/tmp/diloco_islands2; rm -rf $a $b
-    steps=(--config.train.num_steps=${STEPS:-500} --config.base.num_steps=200)
+    read -r -a extra <<< "${EXTRA:-}"
+    steps=(--config.train.num_steps=${STEPS:-500} --config.base.num_steps=200
+           "${extra[@]}")
     CUDA_VISIBLE_DEVICES=0 python3 -m dipaco_jax.main \
       --config=experiments/dense.py --workdir=$a "${corpus[@]}" "${steps[@]}" \
       >> "$log" 2>&1

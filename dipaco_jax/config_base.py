@@ -149,6 +149,11 @@ def base_config() -> ml_collections.ConfigDict:
   # lowrank: the share of its rank_max approximation's energy kept.
   c.diloco.compression_energy = 0.9
   c.diloco.compression_topk_fraction = 0.01  # topk: share of entries sent.
+  # topk per chunk of this many entries, indices inside it (SparseLoCo:
+  # 4096, 12-bit indices); 0 = one top-k over the whole leaf, 32-bit.
+  c.diloco.compression_topk_chunk = 0
+  # SparseLoCo's accumulator e <- decay * e + delta; 1 = plain feedback.
+  c.diloco.error_feedback_decay = 1.0
   # Per-slot overrides, "SELECTOR=key:value+key:value;...", a selector
   # being a slot's name or kind (shared | level | private), e.g.
   # "level=compression:int8;shared=delay:none" (diloco/comm.py).

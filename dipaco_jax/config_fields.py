@@ -117,6 +117,11 @@ _RANGES = (
            high_open=False, why="the share of the delta's energy kept"),
     _Range("diloco.compression_topk_fraction", _F, 0, 1, low_open=True,
            high_open=False, why="the share of entries sent"),
+    _Range("diloco.compression_topk_chunk", _I, 0,
+           why="entries per top-k chunk; 0 = one top-k per leaf"),
+    _Range("diloco.error_feedback_decay", _F, 0, 1, low_open=True,
+           high_open=False, why="the residual's scale each round; 1 = keep "
+           "all of it"),
     _Range("train.num_steps", _I, 1),
     _Range("train.batch_size", _I, 1),
     _Range("train.log_every", _I, 1),

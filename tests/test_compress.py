@@ -25,6 +25,8 @@ SPECS = {
     "e3m0": Spec("e3m0", block_size=8),
     "lowrank": Spec("lowrank", rank_max=3, energy=0.9),
     "topk": Spec("topk", topk_fraction=0.2),
+    # Chunks of 8 (3-bit indices), 2 kept per chunk; 35 values pad a chunk.
+    "topk_chunk": Spec("topk", topk_fraction=0.25, topk_chunk=8),
 }
 ALL = sorted(SPECS)
 
@@ -115,6 +117,44 @@ def test_topk_golden():
   np.testing.assert_array_equal(sent, [0, -3.5, 3.5, 0, -1.5, 1.5, 0, 0])
   # 4 int32 indices + one byte of 2-bit codes + 2 float32 scales.
   assert float(codec.payload_bytes(payload, (8,))) == 16 + 1 + 8
+
+
+def test_chunked_topk_golden():
+  codec = _codec("topk_chunk", topk_fraction=0.375)
+  # Chunks of 8, k = round(3.0) = 3 each. Chunk 0 keeps -4, 3, 2: larger
+  # half (k - k // 2 = 2 of them) 4, 3 -> s2 = 3.5, smaller 2 -> s1 = 2,
+  # midpoint 2.75. Chunk 1 keeps -6, 5, -2: s2 = 5.5, s1 = 2.
+  x = [0.1, -4, 3, 0.2, -1, 2, 0, 0.5, 1, 1, -2, 0, 0, 0, 5, -6]
+  sent, payload = _round_trip(codec, x)
+  np.testing.assert_array_equal(
+      sent, [0, -3.5, 3.5, 0, 0, 2, 0, 0, 0, 0, -2, 0, 0, 0, 5.5, -5.5])
+  np.testing.assert_array_equal(payload["idx"], [[1, 2, 5], [7, 6, 2]])
+  # 6 indices of 3 bits (3 B) + 6 codes of 2 bits (2 B) + 2 x 2 scales.
+  assert float(codec.payload_bytes(payload, (16,))) == 3 + 2 + 16
+
+
+def test_chunked_topk_at_sparseloco_settings_sends_136x_fewer_bytes():
+  # 64 of every 4096 (Covenant-72B's setting): 64 x 12 bits + 64 x 2 bits
+  # + 8 B of scales = 120 B per 16384 B of float32.
+  codec = _codec("topk_chunk", topk_fraction=64 / 4096, topk_chunk=4096)
+  n = 4 * 4096
+  assert float(codec.payload_bytes(None, (n,))) == 4 * 120
+  assert 136 < 4 * n / (4 * 120) < 137
+
+
+def test_error_feedback_decay_scales_the_residual():
+  codec = _codec("topk", error_feedback=True, feedback_decay=0.5)
+  rng = np.random.default_rng(8)
+  x1, x2 = rng.standard_normal((2, 5, 7)).astype(np.float32)
+  sent1, res1, *_ = compress.compress_leaf(codec, x1, None, None)
+  np.testing.assert_allclose(res1, x1 - sent1, atol=1e-6)
+  sent2, res2, *_ = compress.compress_leaf(codec, x2, res1, None)
+  # e <- 0.5 e + delta, then what was sent leaves it.
+  np.testing.assert_allclose(res2, 0.5 * res1 + x2 - sent2, atol=1e-6)
+  with pytest.raises(ValueError, match="error_feedback_decay"):
+    _codec("topk", feedback_decay=0.0)
+  with pytest.raises(ValueError, match="topk_chunk"):
+    _codec("topk", topk_chunk=-1)
 
 
 def test_matrix_shape_is_the_squarest_split():
@@ -255,7 +295,7 @@ def test_spec_from_config_and_bad_specs():
       compression="lowrank", error_feedback=True, compression_rank_max=8))
   spec = compress.spec_from_config(cfg)
   assert spec == Spec("lowrank", error_feedback=True, rank_max=8)
-  assert sorted(compress.NAMES) == ALL
+  assert set(compress.NAMES) == {spec.name for spec in SPECS.values()}
   with pytest.raises(ValueError, match="unknown"):
     compress.make_codec(Spec("fp8"))
   with pytest.raises(ValueError):

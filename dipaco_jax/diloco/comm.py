@@ -8,8 +8,9 @@ module shared by many paths and a path-private one can differ:
 
 A selector is a slot's name or its kind (shared | level | private); a slot
 takes the settings of its name, else of its kind, else the defaults. Keys:
-delay, compression, error_feedback, and the compression_* knobs without
-their prefix (block_size, rank_min, rank_max, energy, topk_fraction).
+delay, compression, error_feedback, error_feedback_decay, and the
+compression_* knobs without their prefix (block_size, rank_min, rank_max,
+energy, topk_fraction, topk_chunk).
 """
 
 import dataclasses
@@ -41,7 +42,8 @@ class SlotComm:
 _SPEC_KEYS = {"compression": "name", "error_feedback": "error_feedback",
               "block_size": "block_size", "rank_min": "rank_min",
               "rank_max": "rank_max", "energy": "energy",
-              "topk_fraction": "topk_fraction"}
+              "topk_fraction": "topk_fraction", "topk_chunk": "topk_chunk",
+              "error_feedback_decay": "feedback_decay"}
 
 
 def _parse_value(field: str, raw: str):

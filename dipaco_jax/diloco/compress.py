@@ -12,11 +12,14 @@ leaf into a payload of a few arrays:
            block, absmax * sign * 2^(e - 7) for e in 1..7, or 0 for e = 0.
   lowrank  PowerSGD, warm-started, adaptive rank (compress_lowrank.py).
   topk     SparseLoCo: the k largest |x|, each as 2 bits (sign, and which of
-           two per-leaf magnitudes).
+           two per-leaf magnitudes); with topk_chunk > 0, per chunk of that
+           many entries, indices inside the chunk (compress_topk.py).
 
 With error feedback a worker keeps what its codec lost (the residual) and
 adds it to its next contribution, so nothing is lost for good: after R
-rounds, sum of what was sent + residual = sum of the contributions.
+rounds, sum of what was sent + residual = sum of the contributions. With a
+feedback decay beta < 1 (SparseLoCo's accumulator, e <- beta e + delta)
+the residual is scaled by beta before it is added: old losses fade.
 
 A payload has static shapes (it is made inside the jitted outer step,
 vmapped over workers); `payload_bytes` counts, traced, the bytes of what
@@ -34,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax.diloco import compress_lowrank as lowrank
+from dipaco_jax.diloco import compress_topk
 
 NAMES = ("none", "int8", "int4", "e3m0", "lowrank", "topk")
 
@@ -47,6 +51,8 @@ class CompressionSpec:
   rank_max: int = 32            # lowrank (clipped to min(m, n))
   energy: float = 0.9           # lowrank: share of |x|^2 kept; 1 = rank_max
   topk_fraction: float = 0.01   # topk: share of entries kept (at least 1)
+  topk_chunk: int = 0           # topk: entries per chunk; 0 = whole leaf
+  feedback_decay: float = 1.0   # error feedback: residual scale, (0, 1]
 
 
 def spec_from_config(diloco_config) -> CompressionSpec:
@@ -60,7 +66,9 @@ def spec_from_config(diloco_config) -> CompressionSpec:
       rank_min=int(get("compression_rank_min", d.rank_min)),
       rank_max=int(get("compression_rank_max", d.rank_max)),
       energy=float(get("compression_energy", d.energy)),
-      topk_fraction=float(get("compression_topk_fraction", d.topk_fraction)))
+      topk_fraction=float(get("compression_topk_fraction", d.topk_fraction)),
+      topk_chunk=int(get("compression_topk_chunk", d.topk_chunk)),
+      feedback_decay=float(get("error_feedback_decay", d.feedback_decay)))
 
 
 def _size(shape) -> int:
@@ -280,6 +288,43 @@ class _TopKCodec(Codec):
     return payload
 
 
+class _ChunkedTopKCodec(Codec):
+  """topk with topk_chunk > 0: the k largest |x| of every chunk
+  (compress_topk.py). Payload: idx [M, k] int32 (inside the chunk), code
+  [M, k] uint8, scales [M, 2] float32; on the wire the indices take
+  ceil(log2(chunk)) bits and the codes 2."""
+
+  def encode(self, x, state):
+    return compress_topk.encode(_flat(x), self.spec.topk_chunk,
+                                self.spec.topk_fraction), state
+
+  def decode(self, payload, shape):
+    return compress_topk.decode(payload, _size(shape),
+                                self.spec.topk_chunk).reshape(shape)
+
+  def payload_bytes(self, payload, shape):
+    del payload
+    return jnp.float32(compress_topk.payload_bytes(
+        _size(shape), self.spec.topk_chunk, self.spec.topk_fraction))
+
+  def trim(self, payload):
+    trimmed = super().trim(payload)
+    bits = compress_topk.index_bits(self.spec.topk_chunk)
+    trimmed["idx"] = compress_topk.pack_bits(trimmed["idx"], bits)
+    trimmed["code"] = compress_topk.pack_bits(trimmed["code"], 2)
+    return trimmed
+
+  def untrim(self, trimmed, shape):
+    _, m, k = compress_topk.layout(_size(shape), self.spec.topk_chunk,
+                                   self.spec.topk_fraction)
+    bits = compress_topk.index_bits(self.spec.topk_chunk)
+    idx = compress_topk.unpack_bits(trimmed["idx"], bits, m * k)
+    code = compress_topk.unpack_bits(trimmed["code"], 2, m * k)
+    return {"scales": trimmed["scales"],
+            "idx": idx.astype(np.int32).reshape(m, k),
+            "code": code.astype(np.uint8).reshape(m, k)}
+
+
 class _LowRankCodec(Codec):
   """PowerSGD with an adaptive rank; its functions are in compress_lowrank.py.
   State: the warm start, per leaf of ndim >= 2."""
@@ -320,6 +365,13 @@ def make_codec(spec: CompressionSpec) -> Codec:
   if not (0 < spec.energy <= 1 and 0 < spec.topk_fraction <= 1):
     raise ValueError(f"energy ({spec.energy}) and topk_fraction "
                      f"({spec.topk_fraction}) must be in (0, 1]")
+  if spec.topk_chunk < 0:
+    raise ValueError(f"topk_chunk must be >= 0 (got {spec.topk_chunk})")
+  if not 0 < spec.feedback_decay <= 1:
+    raise ValueError(f"error_feedback_decay must be in (0, 1] (got "
+                     f"{spec.feedback_decay})")
+  if spec.name == "topk" and spec.topk_chunk:
+    return _ChunkedTopKCodec(spec)
   return _CODECS[spec.name](spec)
 
 
@@ -328,13 +380,14 @@ def compress_leaf(codec: Codec, x, residual, state):
   """What one worker sends of one leaf.
 
   Returns (sent, residual, state, payload, bytes). With error feedback, the
-  residual (None = zeros) is added before encoding and the new residual is
-  what the codec lost; without, `residual` comes back as it was. A None
+  residual (None = zeros), times the feedback decay, is added before
+  encoding and the new residual is what the codec lost; without, `residual` comes back as it was. A None
   state of a stateful codec starts from `init_state`.
   """
   x = jnp.asarray(x, jnp.float32)
   feedback = codec.spec.error_feedback
-  y = x + residual if feedback and residual is not None else x
+  y = (x + codec.spec.feedback_decay * residual
+       if feedback and residual is not None else x)
   if state is None:
     state = codec.init_state(y) if codec.stateful else {}
   payload, state = codec.encode(y, state)

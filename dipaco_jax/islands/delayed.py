@@ -71,7 +71,8 @@ def _version_keys(runner, task) -> list:
 def _read_version(runner, task, program, cancel=None,
                   timeout_s: float = WAIT_TIMEOUT_S):
   """Waits until every module the group uses has version r committed, then
-  reads them: (bank, local assignment), or None if `cancel` was set."""
+  reads them and places each worker's copy on the devices: [G, ...], or
+  None if `cancel` was set."""
   keys = _version_keys(runner, task)
   deadline = time.monotonic() + timeout_s
   while not all(layout.committed(k) for k in keys):
@@ -81,7 +82,10 @@ def _read_version(runner, task, program, cancel=None,
       raise TimeoutError(f"waited {timeout_s:.0f} s for module version "
                          f"{task.round_index}")
     time.sleep(0.01)
-  return runner.load_bank(task, program)
+  bank, local_GxS = runner.load_bank(task, program)
+  return jax.device_put(
+      outer_lib.gather_workers(bank, local_GxS, runner.slot_names),
+      program.runtime.state_shardings["inner"]["params"])
 
 
 class _Thread(threading.Thread):
@@ -116,7 +120,7 @@ class _Prefetch:
 
 
 def _version(runner, task, program):
-  """(bank, local assignment) of version r: prefetched, or read now."""
+  """Version r as the group's [G, ...] start: prefetched, or read now."""
   prefetch, runner.prefetch = runner.prefetch, None
   if prefetch is not None:
     if prefetch.key == (task.round_index, task.group):
@@ -218,10 +222,7 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
   uploads = [_Thread(_write_contributions, runner, task,
                      _contributions(done.anchor, done.params), done.loss_G)]
   uploads[0].start()
-  bank, local_GxS = _version(runner, task, program)
-  start = jax.device_put(
-      outer_lib.gather_workers(bank, local_GxS, runner.slot_names),
-      program.runtime.state_shardings["inner"]["params"])
+  start = _version(runner, task, program)
   next_anchor = _next_anchor(done.params, start, done.anchor)
   uploads.append(_Thread(_write_inner, runner, task, {
       "opt": _copy(done.opt_state), "anchor": next_anchor}))

@@ -42,7 +42,8 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
 _COMM_FIELDS = ("delay", "compression", "error_feedback",
                 "compression_block_size", "compression_rank_min",
                 "compression_rank_max", "compression_energy",
-                "compression_topk_fraction", "per_slot")
+                "compression_topk_fraction", "compression_topk_chunk",
+                "error_feedback_decay", "per_slot")
 
 
 def _hash(fields: dict) -> str:

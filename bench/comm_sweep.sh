@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The second round of DiLoCoX arms (issue 11), after bench/comm_quality.sh
+# showed that the outer Nesterov of plain DiLoCo (lr 0.7, momentum 0.9)
+# costs the delayed arms 18.6% and more, and that top-k and low rank under
+# it do not train. On experiments/diloco.py (DiLoCo x8, H = 50), all arms
+# from one dense base and one tokenized corpus:
+#   diloco_x8             plain DiLoCo, rerun in the same call (the baseline)
+#   one_round_avg         one_round, outer SGD lr 1, no momentum (averaging)
+#   one_round_m06         one_round, outer Nesterov lr 0.7, momentum 0.6
+#   one_round_lr05        one_round, outer Nesterov lr 0.5, momentum 0.8
+#   sparseloco            SparseLoCo: top 64 of every 4096 entries with
+#                         12-bit indices and 2-bit values (136x fewer bytes),
+#                         error feedback with decay 0.95, outer SGD lr 1
+#                         without momentum (the feedback acts as momentum)
+#   topkc_ef              the same chunked top-k + plain error feedback
+#                         under the default outer Nesterov
+#   one_round_sparseloco  sparseloco one round late (the combined arm, fixed
+#                         in advance, not chosen)
+# Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] \
+#        bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
+# Writes OUT_DIR/summary.md (python bench/comm_table.py on the arms; the
+# `--choose` line names the compressed arm with the lowest training loss)
+# and OUT_DIR/arms.tgz (each arm's results.json, metrics.jsonl, log).
+# About 9 minutes on one H100 with the defaults.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?OUT_DIR}; work=${2:-/tmp/comm_sweep}
+lanes=${LANES:-3}
+arms="$work/arms"
+mkdir -p "$out" "$work" "$arms"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes, one GPU
+log="$out/comm_sweep.log"
+sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+common=(--config=experiments/diloco.py --config.data.corpus=text_files
+        "--config.data.text_glob=$sp/**/*.py"
+        --config.data.max_corpus_chars=${MAX_CHARS:-150000000}
+        --config.train.num_steps=${STEPS:-1500})
+d=--config.diloco
+avg="$d.outer_optimizer=sgd $d.outer_lr=1.0 $d.outer_momentum=0"
+topkc="$d.compression=topk $d.compression_topk_chunk=4096
+       $d.compression_topk_fraction=0.015625 $d.error_feedback=True"
+declare -A ARMS=(
+  [one_round_avg]="$d.delay=one_round $avg"
+  [one_round_m06]="$d.delay=one_round $d.outer_momentum=0.6"
+  [one_round_lr05]="$d.delay=one_round $d.outer_lr=0.5 $d.outer_momentum=0.8"
+  [sparseloco]="$topkc $d.error_feedback_decay=0.95 $avg"
+  [topkc_ef]="$topkc"
+  [one_round_sparseloco]="$d.delay=one_round $topkc $d.error_feedback_decay=0.95 $avg"
+)
+run() {  # name, then extra main.py flags
+  local name=$1; shift
+  echo "=== $name: $* ($(date -u +%H:%M:%S))" >> "$log"
+  python3 -m dipaco_jax.main --workdir="$work/$name" "${common[@]}" "$@" \
+    > "$arms/$name.log" 2>&1
+  cp "$work/$name/results.json" "$arms/$name.json" 2>/dev/null \
+    || echo "!!! $name wrote no results" >> "$log"
+  cp "$work/$name/runs/main/logs/train/metrics.jsonl" \
+    "$arms/$name.metrics.jsonl" 2>/dev/null
+  echo "=== $name done ($(date -u +%H:%M:%S))" >> "$log"
+}
+share() {  # reuse the data and the dense base of run $1 in run $2
+  for p in data runs/base shards/base; do
+    mkdir -p "$work/$2/$(dirname $p)"; cp -r "$work/$1/$p" "$work/$2/$p"
+  done
+}
+run diloco_x8
+i=0
+for name in sparseloco one_round_avg topkc_ef one_round_sparseloco \
+            one_round_m06 one_round_lr05; do
+  share diloco_x8 "$name"
+  # shellcheck disable=SC2086
+  run "$name" ${ARMS[$name]} &
+  i=$((i + 1))
+  if (( i % lanes == 0 )); then wait; fi
+done
+wait
+{ python3 bench/comm_table.py "$arms"
+  echo; echo "chosen on training loss: $(python3 bench/comm_table.py "$arms" --choose)"
+} > "$out/summary.md"
+tar czf "$out/arms.tgz" -C "$arms" .
+cat "$out/summary.md"

@@ -1,0 +1,85 @@
+"""Chunked top-k of SparseLoCo: the math of `compress.py`'s "topk" codec
+when `topk_chunk` > 0.
+
+A leaf's flattened values are cut into chunks of `chunk` entries (the last
+one padded with zeros); each chunk keeps its k largest |x|, sent as an
+index inside the chunk (ceil(log2(chunk)) bits: 12 for SparseLoCo's 4096)
+and 2 bits (sign, and which of the chunk's two magnitudes). Against one
+top-k over the whole leaf with 32-bit indices, a kept entry costs 14 bits
+instead of 34, so at the same bytes 2.4x as many entries go out, and every
+chunk gets its share (a leaf's largest entries cannot crowd out the rest).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def layout(n: int, chunk: int, fraction: float) -> tuple[int, int, int]:
+  """(entries per chunk, number of chunks, kept per chunk) for a leaf of n
+  entries: a leaf smaller than `chunk` is one chunk of its own size."""
+  c = min(chunk, n)
+  k = min(c, max(1, math.floor(fraction * c + 0.5)))
+  return c, -(-n // c), k
+
+
+def index_bits(chunk: int) -> int:
+  return max(1, math.ceil(math.log2(chunk)))
+
+
+def encode(x_N, chunk: int, fraction: float) -> dict:
+  """x [N] float32 -> {"idx" [M, k] int32, "code" [M, k] uint8 (bit 1 =
+  negative, bit 0 = large), "scales" [M, 2] float32 (small, large)}: per
+  chunk, the larger magnitude is the mean |x| of the larger half of its kept
+  entries, the smaller one of the other half (the same when k = 1)."""
+  n = x_N.shape[0]
+  c, m, k = layout(n, chunk, fraction)
+  x_MxC = jnp.pad(x_N, (0, m * c - n)).reshape(m, c)
+  abs_MxK, idx_MxK = jax.lax.top_k(jnp.abs(x_MxC), k)  # descending
+  s2_M = abs_MxK[:, :k - k // 2].mean(axis=1)
+  s1_M = abs_MxK[:, k - k // 2:].mean(axis=1) if k > 1 else s2_M
+  large_MxK = abs_MxK >= ((s1_M + s2_M) / 2)[:, None]
+  negative_MxK = jnp.take_along_axis(x_MxC, idx_MxK, axis=1) < 0
+  code_MxK = (large_MxK.astype(jnp.uint8)
+              | (negative_MxK.astype(jnp.uint8) << 1))
+  return {"idx": idx_MxK.astype(jnp.int32), "code": code_MxK,
+          "scales": jnp.stack([s1_M, s2_M], axis=1)}
+
+
+def decode(payload, n: int, chunk: int) -> jax.Array:
+  """encode's inverse up to the quantization: [N] float32."""
+  idx_MxK, code_MxK, scales_Mx2 = (payload["idx"], payload["code"],
+                                   payload["scales"])
+  m = idx_MxK.shape[0]
+  c = min(chunk, n)
+  magnitude_MxK = jnp.where((code_MxK & 1) == 1, scales_Mx2[:, 1:2],
+                            scales_Mx2[:, 0:1])
+  value_MxK = jnp.where((code_MxK & 2) == 2, -magnitude_MxK, magnitude_MxK)
+  rows_MxK = jnp.broadcast_to(jnp.arange(m)[:, None], idx_MxK.shape)
+  x_MxC = jnp.zeros((m, c), jnp.float32).at[rows_MxK, idx_MxK].set(value_MxK)
+  return x_MxC.reshape(-1)[:n]
+
+
+def payload_bytes(n: int, chunk: int, fraction: float) -> int:
+  """Bytes on the wire: the indices packed at index_bits(chunk) each (a
+  leaf smaller than a chunk too), the codes at 2 bits each, and two
+  float32 magnitudes per chunk."""
+  _, m, k = layout(n, chunk, fraction)
+  return -(-m * k * index_bits(chunk) // 8) + -(-m * k * 2 // 8) + 8 * m
+
+
+def pack_bits(values, bits: int) -> np.ndarray:
+  """Unsigned values [N] of `bits` bits each -> uint8 [ceil(N bits / 8)],
+  little-endian bit order (the first value in the lowest bits)."""
+  v = np.asarray(values).astype(np.uint32).reshape(-1)
+  bits_NxB = (v[:, None] >> np.arange(bits, dtype=np.uint32)) & 1
+  return np.packbits(bits_NxB.astype(np.uint8).reshape(-1),
+                     bitorder="little")
+
+
+def unpack_bits(packed, bits: int, n: int) -> np.ndarray:
+  flat = np.unpackbits(np.asarray(packed, np.uint8), bitorder="little")
+  bits_NxB = flat[:n * bits].reshape(n, bits).astype(np.uint32)
+  return (bits_NxB << np.arange(bits, dtype=np.uint32)).sum(axis=1)
