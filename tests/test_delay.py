@@ -208,10 +208,12 @@ def test_islands_refuse_communication_settings_they_do_not_apply(tmp_path):
   from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
   from dipaco_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
-  with pytest.raises(UserError, match="config.diloco.delay"):
-    pipeline.run(_config(compression="int4"), str(tmp_path),
-                 islands=launcher.IslandOptions(num_workers=1))
-  assert not any(tmp_path.iterdir())  # Refused before anything is written.
+  for config in (_config(delay="eager"),
+                 _config(per_slot="level=delay:one_round")):
+    with pytest.raises(UserError, match="config.diloco.delay"):
+      pipeline.run(config, str(tmp_path),
+                   islands=launcher.IslandOptions(num_workers=1))
+    assert not any(tmp_path.iterdir())  # Refused before anything is written.
 
 
 def test_per_slot_overrides_and_their_errors():

@@ -51,14 +51,20 @@ class Trained:
   anchor: dict  # [G, ...] on device
   params: dict  # [G, ...] on device
   opt_state: dict  # AdamW, on device
+  carry: dict  # What the codecs carry into this round (islands/wire.py).
   outer: dict  # The inner step's pass-through bank, reused next round.
   loss_G: np.ndarray
   seconds: float
 
 
-def inner_like(program) -> dict:
-  """What a worker keeps between delayed rounds: AdamW and its anchor."""
-  return {"opt": program.worker_opt_like, "anchor": program.module_like}
+def inner_like(runner, program) -> dict:
+  """What a worker keeps between delayed rounds: AdamW, its anchor, and
+  what its codecs carry (if anything)."""
+  like = {"opt": program.worker_opt_like, "anchor": program.module_like}
+  carry = runner.wire.carry_like(program.module_like)
+  if carry:
+    like["wire"] = carry
+  return like
 
 
 def _version_keys(runner, task) -> list:
@@ -130,24 +136,26 @@ def _version(runner, task, program):
 
 
 def _start(runner, task, program):
-  """(anchor [G, ...], AdamW state) the group's round starts from: on
-  device when this worker trained the round before, else from the store."""
+  """(anchor [G, ...], AdamW state, codec carry) the group's round starts
+  from: on device when this worker trained the round before, else from the
+  store."""
   r, h = task.round_index, runner.spec.inner_steps
   if r == 0:
     bank, local_GxS = runner.load_bank(task, program)
     anchor = outer_lib.gather_workers(bank, local_GxS, runner.slot_names)
-    return anchor, jax.vmap(program.runtime.inner_tx.init)(anchor)
+    return (anchor, jax.vmap(program.runtime.inner_tx.init)(anchor),
+            runner.wire.init_carry(anchor))
   kept = runner.kept
   if kept is not None and kept[:2] == (task.group, r * h):
-    return kept[2], kept[3]
+    return kept[2], kept[3], kept[4]
   rows = []
   for w in task.group:
     key = layout.inner_dir(runner.run, w, r * h)
-    tree, _ = items.load_tree(key, inner_like(program))
+    tree, _ = items.load_tree(key, inner_like(runner, program))
     runner.meter.add("read", r, key)
     rows.append(tree)
   stacked = jax.tree.map(lambda *x: np.stack(x), *rows)
-  return stacked["anchor"], stacked["opt"]
+  return stacked["anchor"], stacked["opt"], stacked.get("wire", {})
 
 
 @jax.jit
@@ -178,7 +186,7 @@ def train(runner, task, program, outer=None) -> Trained:
   t0 = time.monotonic()
   r, h = task.round_index, runner.spec.inner_steps
   runtime = program.runtime
-  anchor, opt_state = _start(runner, task, program)
+  anchor, opt_state, carry = _start(runner, task, program)
   anchor = jax.device_put(anchor, runtime.state_shardings["inner"]["params"])
   if outer is None:
     # The inner step passes the bank through untouched: any [G, ...] tree
@@ -193,12 +201,12 @@ def train(runner, task, program, outer=None) -> Trained:
   state = jax.device_put(state, runtime.state_shardings)
   state, losses_HxG = runner.inner_steps(task, runtime, state)
   return Trained(r, task.group, anchor, state["inner"]["params"],
-                 state["inner"]["opt_state"], state["outer"],
+                 state["inner"]["opt_state"], carry, state["outer"],
                  losses_HxG.mean(axis=0), time.monotonic() - t0)
 
 
-def _write_contributions(runner, task, contribs, loss_G) -> None:
-  runner.write_contributions(task, jax.device_get(contribs), loss_G)
+def _write_contributions(runner, task, payloads, loss_G) -> None:
+  runner.write_contributions(task, jax.device_get(payloads), loss_G)
 
 
 def _write_inner(runner, task, state) -> None:
@@ -219,15 +227,21 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
   if done is None or (done.round_index, done.group) != (r, task.group):
     done = train(runner, task, program)
   t_compute = time.monotonic()
-  uploads = [_Thread(_write_contributions, runner, task,
-                     _contributions(done.anchor, done.params), done.loss_G)]
+  # Compressed slots: their payloads, and what their codecs carry on.
+  payloads, carry, _ = runner.wire.encode(
+      _contributions(done.anchor, done.params), done.carry)
+  uploads = [_Thread(_write_contributions, runner, task, payloads,
+                     done.loss_G)]
   uploads[0].start()
   start = _version(runner, task, program)
   next_anchor = _next_anchor(done.params, start, done.anchor)
-  uploads.append(_Thread(_write_inner, runner, task, {
-      "opt": _copy(done.opt_state), "anchor": next_anchor}))
+  inner = {"opt": _copy(done.opt_state), "anchor": next_anchor}
+  if carry:
+    inner["wire"] = carry
+  uploads.append(_Thread(_write_inner, runner, task, inner))
   uploads[1].start()
-  runner.kept = (task.group, (r + 1) * h, next_anchor, done.opt_state)
+  runner.kept = (task.group, (r + 1) * h, next_anchor, done.opt_state,
+                 carry)
   t_wait = time.monotonic()
   if r + 1 < runner.spec.num_rounds:
     following = type(task)(r + 1, task.group)

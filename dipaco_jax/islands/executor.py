@@ -8,7 +8,8 @@ large bank spreads over many executors. For each module, once every user's
 round-r contribution is committed, it loads the module at version r (its
 parameters and outer optimizer state) and those contributions, runs the
 rest of the chain of `diloco.outer` (mix over the module's users, then the
-outer optimizer; nothing re-written here), and commits version r + 1: the
+outer optimizer; nothing re-written here; compressed contributions are
+decoded first, `islands/wire.py`), and commits version r + 1: the
 optimizer state first, the parameters last. A module's step waits only for
 its own users. A killed executor is restarted and carries on from the
 newest committed version of each module; a re-run step writes the same
@@ -28,6 +29,7 @@ import numpy as np
 
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import wire as wire_lib
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
 from dipaco_jax.store import atomic
@@ -91,6 +93,7 @@ class Executor:
     self.slot_names = [s.name for s in spec.topology().slots]
     self.modules = list(modules)
     self.stepper = ModuleStepper(spec)
+    self.wire = wire_lib.Wire(spec.config_dict(), spec.topology().slots)
     self.meter = layout.ByteMeter(run, role_id)
     self.stats_path = layout.control(run, "stats", f"{role_id}.json")
     self.stats = layout.read_json(self.stats_path) or {"outer_steps": 0,
@@ -125,7 +128,11 @@ class Executor:
     rows = []
     for w in users:
       key = layout.contrib_dir(self.run, r, int(w), name)
-      tree, _ = items.load_tree(key, params_like)
+      if name in self.wire.codecs:  # A compressed payload (islands/wire.py)
+        stored, _ = items.load_saved(key)
+        tree = self.wire.from_wire(name, stored, params_like)
+      else:
+        tree, _ = items.load_tree(key, params_like)
       self.meter.add("read", r, key)
       rows.append(tree)
     contribs_U = (jax.tree.map(lambda *x: np.stack(x), *rows) if rows else

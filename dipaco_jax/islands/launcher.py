@@ -23,6 +23,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from dipaco_jax import paths as paths_lib
+from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.errors import UserError
 from dipaco_jax.islands import layout
@@ -292,13 +294,13 @@ def _after_round0(tasks, tokens_per_task_path: int) -> float | None:
 
 def check_config(config) -> None:
   """What islands cannot run yet, refused before any stage runs."""
-  d = config.diloco
-  if (d.delay not in ("none", "one_round") or (
-      d.compression, d.error_feedback, d.per_slot) != ("none", False, "")):
+  slots = paths_lib.topology_from_config(config).slots
+  delays = {c.delay for c in comm_lib.comm_by_slot(config, slots).values()}
+  if "eager" in delays or len(delays) > 1:
     raise UserError(
-        "config.diloco.delay/compression/error_feedback/per_slot: islands "
-        "apply delay none or one_round, without compression; the other "
-        "DiLoCoX settings are simulated by dipaco_jax.main only.")
+        "config.diloco.delay/per_slot: islands apply one delay to every "
+        "slot, none or one_round; eager and per-slot delays are simulated "
+        "by dipaco_jax.main only.")
 
 
 def train_experiment(exp, options: IslandOptions, init_bank=None,

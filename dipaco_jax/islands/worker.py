@@ -8,8 +8,9 @@ each worker's AdamW state at step rH, runs H inner steps of today's jitted,
 vmapped SPMD program over g on this process's devices (batches are the
 same pure function of seed, run, worker and step as in the SPMD runtime),
 then writes each worker's AdamW state at step (r + 1)H and its
-contribution of round r (outer - inner, Eq. 1 of `diloco.outer`,
-uncompressed), one key per slot. A task whose keys are all committed
+contribution of round r (outer - inner, Eq. 1 of `diloco.outer`; with
+`config.diloco.compression`, its codec's payload, `islands/wire.py`), one
+key per slot. A task whose keys are all committed
 is not run again, and a re-run writes the same bytes, so a worker killed
 anywhere costs at most its unfinished task. With DiLoCoX's one-round
 delay a task is `islands/delayed.py`'s instead (own anchors, uploads in
@@ -38,6 +39,7 @@ from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import delayed
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import timeline
+from dipaco_jax.islands import wire as wire_lib
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
 from dipaco_jax.store import atomic
@@ -70,9 +72,13 @@ class GroupProgram:
     config.unlock()
     config.mesh.path = math.gcd(config.mesh.path or group_size, group_size,
                                 num_devices)
-    # The program runs inner steps only; the delay is the task's business
-    # (islands/delayed.py), so its state is the plain one.
+    # The program runs inner steps only; the delay and the compression are
+    # the task's business (islands/delayed.py, islands/wire.py), so its
+    # state is the plain one.
     config.diloco.delay = "none"
+    config.diloco.compression = "none"
+    config.diloco.error_feedback = False
+    config.diloco.per_slot = ""
     slots = tuple(dataclasses.replace(s, num_experts=group_size)
                   for s in full.slots)
     topology = dataclasses.replace(
@@ -109,15 +115,16 @@ class TaskRunner:
     self.topology = spec.topology()
     self.slot_names = tuple(s.name for s in self.topology.slots)
     self._programs: dict[int, GroupProgram] = {}
-    # (group, step, AdamW states on device) of the last task: a worker
-    # given the same group's next round skips reading them back (they are
-    # the bytes it just committed). `kept` is the delayed tasks' (group,
-    # step, anchor, AdamW).
+    # (group, step, AdamW states on device, codec carry) of the last task:
+    # a worker given the same group's next round skips reading them back
+    # (they are the bytes it just committed). `kept` is the delayed tasks'
+    # (group, step, anchor, AdamW, codec carry).
     self._kept = None
     self.kept = None
     self.speculated = None  # A delayed group's next round, trained ahead.
     self.prefetch = None  # delayed._Prefetch: its next module version.
     self.delayed = self.config.diloco.delay == "one_round"
+    self.wire = wire_lib.Wire(self.config, self.topology.slots)
     self._batches: dict[tuple[int, ...], batches_lib.StackedBatches] = {}
 
   def program(self, size: int) -> GroupProgram:
@@ -167,20 +174,32 @@ class TaskRunner:
       bank[name] = jax.tree.map(lambda *x: np.stack(x), *rows)
     return bank, local_GxS.astype(np.int32)
 
-  def _load_inner_opt(self, task: Task, program: GroupProgram, inner_params):
+  def inner_like(self, program: GroupProgram):
+    """One worker's inner state on the store: its AdamW state, and with a
+    codec that carries something between rounds, that too."""
+    carry = self.wire.carry_like(program.module_like)
+    return ({"opt": program.worker_opt_like, "wire": carry} if carry
+            else program.worker_opt_like)
+
+  def _load_inner(self, task: Task, program: GroupProgram, inner_params):
+    """(AdamW state, codec carry) of the group at the round's start."""
     runtime = program.runtime
     if task.round_index == 0:
-      return jax.vmap(runtime.inner_tx.init)(inner_params)
+      return (jax.vmap(runtime.inner_tx.init)(inner_params),
+              self.wire.init_carry(inner_params))
     step = task.round_index * self.spec.inner_steps
     if self._kept is not None and self._kept[:2] == (task.group, step):
-      return self._kept[2]
+      return self._kept[2], self._kept[3]
     rows = []
     for w in task.group:
       key = layout.inner_dir(self.run, w, step)
-      tree, _ = items.load_tree(key, program.worker_opt_like)
+      tree, _ = items.load_tree(key, self.inner_like(program))
       self.meter.add("read", task.round_index, key)
       rows.append(tree)
-    return jax.tree.map(lambda *x: np.stack(x), *rows)
+    stacked = jax.tree.map(lambda *x: np.stack(x), *rows)
+    if isinstance(stacked, dict) and "wire" in stacked:
+      return stacked["opt"], stacked["wire"]
+    return stacked, {}
 
   def run_task(self, task: Task) -> dict:
     """Runs `task` unless already done; returns {worker: mean loss}."""
@@ -201,11 +220,10 @@ class TaskRunner:
     runtime = program.runtime
     bank, local_GxS = self.load_bank(task, program)
     inner_params = outer_lib.gather_workers(bank, local_GxS, self.slot_names)
+    opt_state, carry = self._load_inner(task, program, inner_params)
     state = {
         "step": np.int32(task.round_index * self.spec.inner_steps),
-        "inner": {"params": inner_params,
-                  "opt_state": self._load_inner_opt(task, program,
-                                                    inner_params)},
+        "inner": {"params": inner_params, "opt_state": opt_state},
         # Passed through the inner step untouched.
         "outer": {"params": bank,
                   "opt_state": outer_lib.init_outer_opt_state(
@@ -213,15 +231,18 @@ class TaskRunner:
     }
     state = jax.device_put(state, runtime.state_shardings)
     state, losses_HxG = self.inner_steps(task, runtime, state)
-    sent = jax.device_get(outer_lib.contributions(
+    contribs = outer_lib.contributions(
         jax.tree.map(jnp.asarray, bank), state["inner"]["params"],
-        local_GxS, self.slot_names))
+        local_GxS, self.slot_names)
+    # Compressed slots: their payloads, and what their codecs carry on.
+    payloads, carry, _ = self.wire.encode(contribs, carry)
+    payloads, carry = jax.device_get((payloads, carry))
     self._kept = None
     opt_state = jax.device_get(state["inner"]["opt_state"])
     loss_G = losses_HxG.mean(axis=0)
-    self._write(task, sent, opt_state, loss_G)
+    self._write(task, payloads, opt_state, carry, loss_G)
     self._kept = (task.group, (task.round_index + 1) * self.spec.inner_steps,
-                  state["inner"]["opt_state"])
+                  state["inner"]["opt_state"], carry)
     self.log(f"round {task.round_index} workers {list(task.group)}: loss "
              f"{loss_G.mean():.4f}, {time.monotonic() - t0:.1f} s")
     return {w: float(l) for w, l in zip(task.group, loss_G)}
@@ -243,27 +264,30 @@ class TaskRunner:
           f"{list(task.group)}; lower config.inner_opt.learning_rate")
     return state, losses_HxG
 
-  def _write(self, task: Task, sent, opt_state, loss_G) -> None:
+  def _write(self, task: Task, payloads, opt_state, carry, loss_G) -> None:
     r, h = task.round_index, self.spec.inner_steps
     # Contributions first: the executors start while the AdamW states are
     # written. A worker killed in between leaves its task undone (the
     # coordinator re-runs it from round r, whose modules are kept until
     # then); the re-run's contributions are the committed bytes.
-    self.write_contributions(task, sent, loss_G)
+    self.write_contributions(task, payloads, loss_G)
+    inner = {"opt": opt_state, "wire": carry} if carry else opt_state
     for i, w in enumerate(task.group):
       key = layout.inner_dir(self.run, w, (r + 1) * h)
-      items.save_tree(key, items.worker_of(opt_state, i),
+      items.save_tree(key, items.worker_of(inner, i),
                       {"round": r, "worker": w})
       self.meter.add("written", r, key)
     self.meter.flush()
 
-  def write_contributions(self, task: Task, sent, loss_G) -> None:
-    """Each worker's contribution of the round, one key per slot."""
+  def write_contributions(self, task: Task, payloads, loss_G) -> None:
+    """Each worker's contribution of the round, one key per slot: float32,
+    or a compressed slot's trimmed payload (`Wire.encode`'s, on the
+    host)."""
     r = task.round_index
     for i, w in enumerate(task.group):
       for name in self.slot_names:
         key = layout.contrib_dir(self.run, r, w, name)
-        items.save_tree(key, jax.tree.map(lambda x, i=i: x[i], sent[name]),
+        items.save_tree(key, self.wire.to_wire(name, payloads[name], i),
                         {"round": r, "worker": w, "loss": float(loss_G[i])})
         self.meter.add("written", r, key)
 

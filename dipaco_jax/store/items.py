@@ -10,7 +10,8 @@ Each such key directory holds
 
   item/            an orbax PyTree checkpoint of the tree
   COMMITTED.json   the commit marker (`atomic.commit`), written last:
-                   {"meta": what the caller passed, "leaves": {keypath: shape}}
+                   {"meta": what the caller passed, "leaves": {keypath: shape},
+                    "bytes": the arrays' size}
 
 Readers read only committed keys: loading an uncommitted one raises
 `NotCommittedError` and `committed_*` / `latest_*` skip it. Saving over an
@@ -144,7 +145,8 @@ def save_tree(directory, tree, meta: dict | None = None, *,
       checkpointer):
     checkpointer.save(directory / ITEM, args=ocp.args.PyTreeSave(tree))
   if writes:
-    atomic.commit(directory, {"meta": meta or {}, "leaves": _shapes(tree)})
+    atomic.commit(directory, {"meta": meta or {}, "leaves": _shapes(tree),
+                              "bytes": _nbytes(tree)})
   if collective:
     # No process returns before the marker exists.
     multihost.barrier(f"store_commit:{directory}")
@@ -185,6 +187,19 @@ def load_tree(directory, like):
       checkpointer):
     tree = checkpointer.restore(directory / ITEM, args=ocp.args.PyTreeRestore(
         item=like, restore_args=jax.tree.map(_restore_arg, like)))
+  return tree, marker["meta"]
+
+
+def load_saved(directory):
+  """Restores the committed item of `directory` as it was saved: numpy
+  arrays of the writer's shapes and dtypes, as `(tree, meta)`. For trees a
+  reader cannot shape in advance (compressed payloads, whose low rank
+  varies by round)."""
+  directory = epath.Path(directory)
+  marker = _marker(directory)
+  with link.transfer(marker.get("bytes", 0)), _checkpointer(
+      collective=False) as checkpointer:
+    tree = checkpointer.restore(directory / ITEM)
   return tree, marker["meta"]
 
 
