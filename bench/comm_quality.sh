@@ -48,33 +48,10 @@ declare -A ARMS=(
   [lowrank_ef]="--config.diloco.compression=lowrank --config.diloco.error_feedback=True --config.diloco.compression_rank_max=2"
   [topk_ef]="--config.diloco.compression=topk --config.diloco.error_feedback=True --config.diloco.compression_topk_fraction=0.008"
 )
-run() {  # name, then extra main.py flags
-  local name=$1; shift
-  echo "=== $name: $* ($(date -u +%H:%M:%S))" >> "$log"
-  python3 -m dipaco_jax.main --workdir="$work/$name" "${common[@]}" "$@" \
-    > "$arms/$name.log" 2>&1
-  cp "$work/$name/results.json" "$arms/$name.json" 2>/dev/null \
-    || echo "!!! $name wrote no results" >> "$log"
-  cp "$work/$name/runs/main/logs/train/metrics.jsonl" \
-    "$arms/$name.metrics.jsonl" 2>/dev/null
-  echo "=== $name done ($(date -u +%H:%M:%S))" >> "$log"
-}
-share() {  # reuse the data and the dense base of run $1 in run $2
-  for d in data runs/base shards/base; do
-    mkdir -p "$work/$2/$(dirname $d)"; cp -r "$work/$1/$d" "$work/$2/$d"
-  done
-}
+# shellcheck source=bench/comm_arms_lib.sh
+source bench/comm_arms_lib.sh
 run diloco_x8
-order=(one_round int4_ef lowrank_ef eager e3m0 topk_ef)
-i=0
-for name in "${order[@]}"; do
-  share diloco_x8 "$name"
-  # shellcheck disable=SC2086
-  run "$name" ${ARMS[$name]} &
-  i=$((i + 1))
-  if (( i % lanes == 0 )); then wait; fi
-done
-wait
+run_lanes one_round int4_ef lowrank_ef eager e3m0 topk_ef
 best=$(python3 bench/comm_table.py "$arms" --choose)
 echo "=== combined arm: one_round + $best" >> "$log"
 share diloco_x8 one_round_best

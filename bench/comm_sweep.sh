@@ -47,33 +47,11 @@ declare -A ARMS=(
   [topkc_ef]="$topkc"
   [one_round_sparseloco]="$d.delay=one_round $topkc $d.error_feedback_decay=0.95 $avg"
 )
-run() {  # name, then extra main.py flags
-  local name=$1; shift
-  echo "=== $name: $* ($(date -u +%H:%M:%S))" >> "$log"
-  python3 -m dipaco_jax.main --workdir="$work/$name" "${common[@]}" "$@" \
-    > "$arms/$name.log" 2>&1
-  cp "$work/$name/results.json" "$arms/$name.json" 2>/dev/null \
-    || echo "!!! $name wrote no results" >> "$log"
-  cp "$work/$name/runs/main/logs/train/metrics.jsonl" \
-    "$arms/$name.metrics.jsonl" 2>/dev/null
-  echo "=== $name done ($(date -u +%H:%M:%S))" >> "$log"
-}
-share() {  # reuse the data and the dense base of run $1 in run $2
-  for p in data runs/base shards/base; do
-    mkdir -p "$work/$2/$(dirname $p)"; cp -r "$work/$1/$p" "$work/$2/$p"
-  done
-}
+# shellcheck source=bench/comm_arms_lib.sh
+source bench/comm_arms_lib.sh
 run diloco_x8
-i=0
-for name in sparseloco one_round_avg topkc_ef one_round_sparseloco \
-            one_round_m06 one_round_lr05; do
-  share diloco_x8 "$name"
-  # shellcheck disable=SC2086
-  run "$name" ${ARMS[$name]} &
-  i=$((i + 1))
-  if (( i % lanes == 0 )); then wait; fi
-done
-wait
+run_lanes sparseloco one_round_avg topkc_ef one_round_sparseloco \
+          one_round_m06 one_round_lr05
 { python3 bench/comm_table.py "$arms"
   echo; echo "chosen on training loss: $(python3 bench/comm_table.py "$arms" --choose)"
 } > "$out/summary.md"
