@@ -16,6 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dipaco_jax.model import kv_cache
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelDims:
@@ -85,26 +87,43 @@ class RMSNorm(nn.Module):
     return (x32 * scale).astype(self.dims.compute_dtype)
 
 
-def rotary(x_BxLxHxDh, base: float):
-  """Rotary position embedding over the last axis (split in halves)."""
+def rotary(x_BxLxHxDh, base: float, positions_BxL=None):
+  """Rotary position embedding over the last axis (split in halves).
+
+  Positions are 0 .. L - 1 unless `positions_BxL` gives each row's own
+  (decoding with a KV cache: the new tokens sit after the cached ones).
+  """
   length, half = x_BxLxHxDh.shape[1], x_BxLxHxDh.shape[-1] // 2
   inv_freq_R = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  position_Lx1 = jnp.arange(length, dtype=jnp.float32)[:, None]
-  angle_LxR = position_Lx1 * inv_freq_R[None, :]
-  # [1, L, 1, R]: broadcast over batch and heads.
-  sin = jnp.sin(angle_LxR)[None, :, None, :]
-  cos = jnp.cos(angle_LxR)[None, :, None, :]
+  if positions_BxL is None:
+    position_Lx1 = jnp.arange(length, dtype=jnp.float32)[:, None]
+    angle_LxR = position_Lx1 * inv_freq_R[None, :]
+    # [1, L, 1, R]: broadcast over batch and heads.
+    sin = jnp.sin(angle_LxR)[None, :, None, :]
+    cos = jnp.cos(angle_LxR)[None, :, None, :]
+  else:
+    angle_BxLxR = (positions_BxL.astype(jnp.float32)[:, :, None]
+                   * inv_freq_R[None, None, :])
+    # [B, L, 1, R]: broadcast over heads.
+    sin = jnp.sin(angle_BxLxR)[:, :, None, :]
+    cos = jnp.cos(angle_BxLxR)[:, :, None, :]
   x1, x2 = jnp.split(x_BxLxHxDh.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
   return out.astype(x_BxLxHxDh.dtype)
 
 
 class Attention(nn.Module):
-  """Causal multi-head attention with one fused QKV projection."""
+  """Causal multi-head attention with one fused QKV projection.
+
+  With a `kv_cache.LayerCache` the new tokens attend to the cached keys
+  and values as well (decoding); it returns `(out, updated cache)` then.
+  Without one (training, evaluation) it is plain causal attention over the
+  tokens given.
+  """
   dims: ModelDims
 
   @nn.compact
-  def __call__(self, x_BxLxD):
+  def __call__(self, x_BxLxD, cache=None):
     d = self.dims
     dtype = d.compute_dtype
     w_Dx3xHxDh = self.param(
@@ -114,18 +133,27 @@ class Attention(nn.Module):
                                 w_Dx3xHxDh.astype(dtype))
     q_BxLxHxDh, k_BxLxHxDh, v_BxLxHxDh = (qkv_BxLx3xHxDh[:, :, i]
                                           for i in range(3))
-    q_BxLxHxDh = rotary(q_BxLxHxDh, d.rope_base)
-    k_BxLxHxDh = rotary(k_BxLxHxDh, d.rope_base)
-    out_BxLxHxDh = jax.nn.dot_product_attention(
-        q_BxLxHxDh, k_BxLxHxDh, v_BxLxHxDh, is_causal=True,
-        implementation=d.attention)
+    if cache is None:
+      q_BxLxHxDh = rotary(q_BxLxHxDh, d.rope_base)
+      k_BxLxHxDh = rotary(k_BxLxHxDh, d.rope_base)
+      out_BxLxHxDh = jax.nn.dot_product_attention(
+          q_BxLxHxDh, k_BxLxHxDh, v_BxLxHxDh, is_causal=True,
+          implementation=d.attention)
+    else:
+      positions_BxL = kv_cache.positions(cache, x_BxLxD.shape[1])
+      q_BxLxHxDh = rotary(q_BxLxHxDh, d.rope_base, positions_BxL)
+      k_BxLxHxDh = rotary(k_BxLxHxDh, d.rope_base, positions_BxL)
+      out_BxLxHxDh, cache = kv_cache.attend(q_BxLxHxDh, k_BxLxHxDh,
+                                            v_BxLxHxDh, cache)
     # Residual branches are scaled down with depth (GPT-2 style) so that
     # the residual stream's variance does not grow with the number of layers.
     w_HxDhxD = self.param(
         "out", _param_init(d.init_std / (2 * d.num_layers) ** 0.5,
                            ("heads", "kv", "embed")),
         (d.num_heads, d.head_dim, d.d_model), jnp.float32)
-    return jnp.einsum("blhk,hkd->bld", out_BxLxHxDh, w_HxDhxD.astype(dtype))
+    out_BxLxD = jnp.einsum("blhk,hkd->bld", out_BxLxHxDh,
+                           w_HxDhxD.astype(dtype))
+    return out_BxLxD if cache is None else (out_BxLxD, cache)
 
 
 class GatedMlp(nn.Module):
@@ -163,14 +191,24 @@ def constrain_activations(x_BxLxD):
 
 
 class DecoderBlock(nn.Module):
-  """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+  The second argument and result are the scan's per-layer input and
+  output (`transformer.LayerStack`): None in training, the layer's
+  `kv_cache.LayerCache` when decoding.
+  """
   dims: ModelDims
 
   @nn.compact
-  def __call__(self, x_BxLxD, _=None):
+  def __call__(self, x_BxLxD, cache=None):
     x_BxLxD = constrain_activations(x_BxLxD)
-    x_BxLxD = x_BxLxD + Attention(self.dims, name="attention")(
-        RMSNorm(self.dims, name="attention_norm")(x_BxLxD))
+    attention = Attention(self.dims, name="attention")
+    normed_BxLxD = RMSNorm(self.dims, name="attention_norm")(x_BxLxD)
+    if cache is None:
+      x_BxLxD = x_BxLxD + attention(normed_BxLxD)
+    else:
+      attended_BxLxD, cache = attention(normed_BxLxD, cache)
+      x_BxLxD = x_BxLxD + attended_BxLxD
     x_BxLxD = x_BxLxD + GatedMlp(self.dims, name="mlp")(
         RMSNorm(self.dims, name="mlp_norm")(x_BxLxD))
-    return constrain_activations(x_BxLxD), None
+    return constrain_activations(x_BxLxD), cache

@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dipaco_jax.model import kv_cache
 from dipaco_jax.model import layers
 
 _REMAT_POLICIES = {
@@ -71,7 +72,9 @@ class LayerStack(nn.Module):
   num_layers: int
 
   @nn.compact
-  def __call__(self, x_BxLxD):
+  def __call__(self, x_BxLxD, cache=None):
+    """The blocks in order; with `cache` (a `kv_cache.LayerCache` stacked
+    over these layers) returns `(x, updated cache)`."""
     block = layers.DecoderBlock
     if self.dims.remat != "none":
       block = nn.remat(block, prevent_cse=not self.dims.scan_layers,
@@ -85,11 +88,19 @@ class LayerStack(nn.Module):
                       split_rngs={"params": True}, length=self.num_layers,
                       unroll=min(unroll, self.num_layers),
                       metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BxLxD, _ = stack(self.dims, name="blocks")(x_BxLxD, None)
-      return x_BxLxD
+      # The cache is the scan's per-layer input and output (None in
+      # training): layer i reads and returns row i of every leaf.
+      x_BxLxD, cache = stack(self.dims, name="blocks")(x_BxLxD, cache)
+      return x_BxLxD if cache is None else (x_BxLxD, cache)
+    layer_caches = []
     for i in range(self.num_layers):
-      x_BxLxD, _ = block(self.dims, name=f"block_{i}")(x_BxLxD)
-    return x_BxLxD
+      mine = None if cache is None else jax.tree.map(lambda c, i=i: c[i],
+                                                     cache)
+      x_BxLxD, mine = block(self.dims, name=f"block_{i}")(x_BxLxD, mine)
+      layer_caches.append(mine)
+    if cache is None:
+      return x_BxLxD
+    return x_BxLxD, jax.tree.map(lambda *c: jnp.stack(c), *layer_caches)
 
 
 class PathTransformer(nn.Module):
@@ -118,6 +129,23 @@ class PathTransformer(nn.Module):
 
   def __call__(self, tokens_BxL):
     return self.embed_head.logits(self.hidden_states(tokens_BxL))
+
+  def decode(self, tokens_BxL, start_B, caches):
+    """`hidden_states` of L new tokens per row at positions start_B ..
+    start_B + L - 1, reading and extending `caches` ({slot:
+    `kv_cache.LayerCache`}, `kv_cache.init`). Returns (hidden, caches);
+    `logits` of the hidden states are then what `__call__` gives for the
+    whole text at those positions (tests/test_generate.py)."""
+    caches = kv_cache.with_start(caches, start_B)
+    x_BxLxD = self.embed_head.embed(tokens_BxL)
+    out = {}
+    for (name, _), stack in zip(self.segments, self.stacks):
+      x_BxLxD, out[name] = stack(x_BxLxD, caches[name])
+    return x_BxLxD, out
+
+  def logits(self, x_BxLxD):
+    """Final norm and head of hidden states (`hidden_states`, `decode`)."""
+    return self.embed_head.logits(x_BxLxD)
 
 
 def segments_of(topology) -> tuple[tuple[str, int], ...]:

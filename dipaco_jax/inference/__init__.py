@@ -1,0 +1,1 @@
+"""Using trained models: export a path, generate text with routing."""

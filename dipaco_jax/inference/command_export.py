@@ -1,0 +1,110 @@
+"""What `python -m dipaco_jax.export` does, without its flags (so that
+tests and scripts can call it): the choice of what to export, and writing
+one path, the dense baseline, or everything (`sources.py` describes an
+export of everything, `exported.py` a model directory)."""
+
+from etils import epath
+
+from dipaco_jax import errors
+from dipaco_jax.inference import exported
+from dipaco_jax.inference import sources
+from dipaco_jax.inference import workdir as workdir_lib
+from dipaco_jax.store import atomic
+
+_ROUTER_DIR = "router"
+
+
+def check_choice(path, dense: bool, everything: bool, num_paths: int) -> None:
+  """One of --path, --dense, --all, and a path the workdir has."""
+  if (path is not None) + dense + everything != 1:
+    raise errors.UserError("give one of --path=P, --dense or --all.")
+  if path is not None and not 0 <= path < num_paths:
+    raise errors.UserError(
+        f"--path={path}: the workdir has {num_paths} paths, 0 to "
+        f"{num_paths - 1}; give one of them (or --all).")
+
+
+def export(workdir: str, out: str, path, dense: bool,
+           everything: bool) -> list[str]:
+  """Writes the export; returns the lines to print."""
+  w = workdir_lib.TrainedWorkdir(workdir)
+  check_choice(path, dense, everything, w.num_paths)
+  if exported.is_model_dir(out) or sources.is_export(out):
+    raise errors.UserError(f"--out={out} already holds an export; remove it "
+                           "or give another --out.")
+  if everything:
+    return save_all(w, out)
+  if dense:
+    return [save_dense(w, out)]
+  return [save_path(w, path, out)]
+
+
+def save_all(w: workdir_lib.TrainedWorkdir, out) -> list[str]:
+  """Exports every path of `w`, its dense baseline, the feature model and
+  the routers into `out`; returns the lines to print."""
+  out = epath.Path(out)
+  routed = sources.from_workdir(w)
+  lines = []
+  names = []
+  for p, params in enumerate(routed.path_params):
+    names.append(f"path_{p:03d}")
+    lines.append(save_path(w, p, out / names[-1], params))
+  lines.append(save_dense(w, out / "dense"))
+  r = routed.routing
+  feature_run = "base" if "base" in w.runs else "initial model"
+  exported.save_model(out / "features", r.feature_model, r.feature_params,
+                      w.tokenizer, _info(w, {
+                          "run": feature_run,
+                          "routing_features": w.config.routing.features}))
+  lines.append(f"routing features ({w.config.routing.features}) -> "
+               f"{out / 'features'}")
+  r.document_router.save(out / _ROUTER_DIR / "document.npz")
+  window = None
+  if r.window_router is not None:
+    window = f"{_ROUTER_DIR}/window.npz"
+    r.window_router.save(out / window)
+  atomic.write_json(out / sources.ROUTING_FILE, {
+      "format": exported.FORMAT, "paths": names,
+      "path_names": routed.path_names, "dense": "dense",
+      "features": "features", "feature_kind": r.feature_kind,
+      "document_router": f"{_ROUTER_DIR}/document.npz",
+      "window_router": window, "window_router_info": routed.window_router_info,
+      "prefix_len": r.prefix_len, "seq_len": r.seq_len, "every": r.every,
+      "batch_size": r.batch_size, "source": routed.source})
+  lines.append(f"routers ({r.document_router.kind} document router"
+               + (", learned window router" if window else "")
+               + f") -> {out / _ROUTER_DIR}; {out / sources.ROUTING_FILE}")
+  return lines
+
+
+def _info(w: workdir_lib.TrainedWorkdir, source: dict) -> dict:
+  return {"prefix_len": w.config.data.prefix_len,
+          "seq_len": w.config.data.seq_len,
+          "source": {"workdir": str(w.workdir), **source}}
+
+
+def save_path(w: workdir_lib.TrainedWorkdir, path: int, out,
+              params=None) -> str:
+  """Exports one path of the main run as a dense model; returns a line."""
+  run = w.run(w.main_run)
+  params = w.path_params(path) if params is None else params
+  model, params = exported.dense_layout(w.model, params, run.topology)
+  stopped = w.early_stopping_step(path)
+  exported.save_model(out, model, params, w.tokenizer, _info(w, {
+      "run": run.name, "path": path,
+      "level_ids": list(w.topology.path_level_ids(path)),
+      "step": stopped if stopped is not None else run.step,
+      "early_stopping": stopped is not None}))
+  return (f"{w.describe_path(path)} of runs/{run.name} at step "
+          f"{stopped if stopped is not None else run.step}"
+          + (" (early-stopping snapshot)" if stopped is not None else "")
+          + f" -> {out}")
+
+
+def save_dense(w: workdir_lib.TrainedWorkdir, out) -> str:
+  """Exports the dense baseline (or a one-path config's model)."""
+  model, params = w.dense()
+  name = "dense" if "dense" in w.runs else w.main_run
+  exported.save_model(out, model, params, w.tokenizer, _info(w, {
+      "run": name, "step": w.run(name).step}))
+  return f"dense model of runs/{name} at step {w.run(name).step} -> {out}"

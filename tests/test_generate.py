@@ -1,0 +1,355 @@
+"""Export and generation (issue 14) on a tiny hand-made workdir.
+
+The workdir holds what the main job leaves (config.json, the tokenizer,
+finished checkpoints of the base, DiPaCo and dense runs, the routers, the
+shard manifest and results.json), written with the job's own writers but
+without training: the pipeline would take minutes. Every module is
+random, so the paths differ.
+"""
+
+import inspect
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dipaco_jax import errors
+from dipaco_jax import testing
+from dipaco_jax.data import tokenizer as tokenizer_lib
+from dipaco_jax.eval import routed
+from dipaco_jax.inference import command_export
+from dipaco_jax.inference import command_generate
+from dipaco_jax.inference import exported
+from dipaco_jax.inference import generation
+from dipaco_jax.inference import routing as routing_lib
+from dipaco_jax.inference import sources
+from dipaco_jax.model import bank as bank_lib
+from dipaco_jax.model import kv_cache
+from dipaco_jax.routing import discriminative
+from dipaco_jax.routing import router as router_lib
+from dipaco_jax.stages import evaluation
+from dipaco_jax.stages import run_configs
+from dipaco_jax.store import atomic
+from dipaco_jax.store import items
+from dipaco_jax.train import checkpoint as ckpt_lib
+
+PREFIX, EVERY = 8, 8
+
+
+def _config(vocab_size):
+  c = testing.tiny_config(shape="2x2", inner_steps=2, num_steps=4)
+  c.model.num_layers = 2  # One per level: half the compile time of 4.
+  c.data.vocab_size = vocab_size
+  c.data.prefix_len = PREFIX
+  c.eval.reroute_every = EVERY
+  c.routing.features = "base_hidden"
+  c.base.num_steps = 2
+  c.train.eval_batch_size = 4
+  c.eval.early_stopping = True
+  c.eval.holdout_fraction = 0.1
+  return c
+
+
+def _random_path(runtime, rng):
+  """Random parameters of one path of `runtime`'s model; nothing compiled
+  (the initializer's program takes long to compile on a small CPU)."""
+  shapes = nn.unbox(runtime.boxed_path_params())
+
+  def leaf(key_path, x):
+    name = jax.tree_util.keystr(key_path)
+    if "scale" in name:
+      return (1.0 + 0.1 * rng.normal(size=x.shape)).astype(np.float32)
+    std = 1.0 if "embedding" in name else 0.3
+    return (std * rng.normal(size=x.shape)).astype(np.float32)
+  return jax.tree_util.tree_map_with_path(leaf, shapes)
+
+
+def _save_run(workdir, name, run_config, vocab_size, tokenizer, rng):
+  """A finished checkpoint of `name`, written as the training loop writes
+  it, whose every module is random. Returns (runtime, its modules)."""
+  runtime = testing.tiny_runtime(run_config, vocab_size)
+  state = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
+                       runtime.abstract_state)
+  bank = {}
+  for slot in runtime.topology.slots:
+    experts = [_random_path(runtime, rng)[slot.name]
+               for _ in range(slot.num_experts)]
+    bank[slot.name] = jax.tree.map(lambda *x: np.stack(x), *experts)
+  # Where evaluation reads them: the outer bank, or the worker's
+  # parameters of a run without outer steps (one worker: expert 0).
+  part = "outer" if run_config.diloco.inner_steps else "inner"
+  state[part]["params"] = bank
+  ckpt = ckpt_lib.Checkpointer(str(workdir / "runs" / name / "checkpoints"),
+                               every=0, keep=1, async_save=False)
+  ckpt.save(run_config.train.num_steps, state, {"name": name, "hashes": {
+      "config": run_configs.training_hash(run_config),
+      "tokenizer": tokenizer.sha256[:16]}})
+  ckpt.close()
+  return runtime, bank
+
+
+def _texts():
+  """Some Python source to train the tokenizer on (ASCII: few pieces)."""
+  import dipaco_jax.eval.routed as a  # pylint: disable=g-import-not-at-top
+  import dipaco_jax.routing.kmeans as b  # pylint: disable=g-import-not-at-top
+  return [inspect.getsource(m).encode("ascii", "ignore").decode()
+          for m in (a, b, inspect)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  """(workdir, tokenizer, DiPaCo runtime, its host bank, window router)."""
+  workdir = tmp_path_factory.mktemp("trained")
+  tokenizer = tokenizer_lib.Tokenizer(
+      tokenizer_lib.train_sentencepiece(_texts(), 400))
+  vocab = tokenizer.vocab_size
+  config = _config(vocab)
+  atomic.write_text(workdir / "config.json",
+                    config.to_json_best_effort(indent=1))
+  atomic.write_bytes(workdir / "tokenizer" / "spm.model",
+                     tokenizer.model_proto)
+  runs = run_configs.planned_runs(config)
+  rng = np.random.default_rng(0)
+  runtime, bank = _save_run(workdir, "dipaco", runs["dipaco"], vocab,
+                            tokenizer, rng)
+  _save_run(workdir, "base", runs["base"], vocab, tokenizer, rng)
+  _save_run(workdir, "dense", runs["dense"], vocab, tokenizer, rng)
+  # Path 1's early-stopping snapshot, which evaluation scores instead of
+  # its final modules (`eval/early_stopping.py` writes these).
+  stopped = workdir / "runs" / "dipaco" / "early_stopping"
+  items.save_tree(stopped / "path_00001" / "s00000002",
+                  _random_path(runtime, rng), {"path": 1, "step": 2})
+  atomic.write_json(stopped / "best.json", {"1": {"loss": 1.0, "step": 2}})
+  d = config.model.d_model
+  # Centroids of one norm: the nearest is the one most aligned with a
+  # text's feature, which varies from text to text.
+  centroids = rng.normal(size=(4, d))
+  centroids *= 0.1 / np.linalg.norm(centroids, axis=1, keepdims=True)
+  document = router_lib.Router("kmeans", (2, 2), [centroids])
+  document.save(workdir / "router" / "generative_test.npz")
+  atomic.write_json(workdir / "router" / "generative_test.json", {})
+  atomic.write_json(workdir / "shards" / "dipaco" / "manifest.json",
+                    {"hashes": {"router": document.sha256()}})
+  window = router_lib.Router("linear", (2, 2), [], discriminative.LinearRouter(
+      rng.normal(size=(2 * d, 4)).astype(np.float32), np.zeros(4, np.float32),
+      np.zeros(2 * d, np.float32), np.full(2 * d, 0.1, np.float32)))
+  window.save(workdir / "router" / "window_test.npz")
+  info = {"every": EVERY, "decision": "reroute"}
+  atomic.write_json(workdir / "router" / "window_test.json", info)
+  atomic.write_json(workdir / "results.json",
+                    {"router": {"window_router": info}})
+  return workdir, tokenizer, runtime, bank, window
+
+
+@pytest.fixture(scope="module")
+def routed_model(tiny):
+  return sources.from_workdir(tiny[0])
+
+
+# One batch shape for every generation below (3 rows, 32 new tokens), so
+# that the decoding steps compile once per model. "x =" is shorter than
+# the routing prefix; the last prompt reaches past the first re-routing
+# boundary.
+PROMPTS = ["def main(argv):", "x =", "for i in range(3):\n" * 4]
+NEW_TOKENS = 32
+
+
+def _prompts(tokenizer, texts):
+  return [np.concatenate([[tokenizer.bos_id], tokenizer.encode(t)]).astype(
+      np.int32) for t in texts]
+
+
+_FORWARD = jax.jit(lambda model, params, t: model.apply({"params": params}, t),
+                   static_argnums=0)
+
+
+def _full_logits(model, params, tokens_NxS):
+  return np.asarray(_FORWARD(model, params, tokens_NxS))
+
+
+@pytest.fixture(scope="module")
+def rerouted(routed_model):
+  """how -> (prompts, greedy completions re-routed every EVERY tokens)."""
+  r, done = routed_model, {}
+
+  def generate(how):
+    if how not in done:
+      prompts = _prompts(r.tokenizer, PROMPTS)
+      done[how] = (prompts, generation.generate(
+          r.model, r.path_params, prompts, r.routing.route_prompts(prompts),
+          generation.Sampling(max_new_tokens=NEW_TOKENS),
+          generation.Rerouting(EVERY, PREFIX, lambda t, c, d: (
+              r.routing.route_chunks(t, c, d, EVERY, how)))))
+    return done[how]
+  return generate
+
+
+def test_decode_with_a_cache_gives_the_full_forward_logits():
+  for scan in (True, False):
+    c = testing.tiny_config(shape="2x2", inner_steps=2)
+    c.model.num_layers = 2
+    c.model.scan_layers = scan
+    runtime = testing.tiny_runtime(c)
+    model = runtime.model
+    params = _random_path(runtime, np.random.default_rng(0))
+    tokens = np.random.default_rng(0).integers(4, 97, (2, 20)).astype(np.int32)
+    caches = kv_cache.init(model.dims, model.segments, 2, 24)
+
+    @jax.jit
+    def decode(tokens_BxL, start_B, caches):
+      hidden, caches = model.apply({"params": params}, tokens_BxL, start_B,
+                                   caches, method=model.decode)
+      return model.apply({"params": params}, hidden,
+                         method=model.logits), caches
+    logits, caches = decode(tokens[:, :12], jnp.zeros(2, jnp.int32), caches)
+    logits = [logits]
+    for t in range(12, 20):
+      one, caches = decode(tokens[:, t:t + 1], jnp.full(2, t, jnp.int32),
+                           caches)
+      logits.append(one)
+    np.testing.assert_allclose(np.concatenate(logits, 1),
+                               _full_logits(model, params, tokens),
+                               atol=2e-5, rtol=0)
+
+
+def test_exported_path_has_the_bank_paths_logits(tiny, tmp_path):
+  workdir, tokenizer, runtime, bank, _ = tiny
+  tokens = _prompts(tokenizer, ["def f(x):\n    return x"])[0][None]
+  path = 2  # experts 1/0
+  command_export.export(str(workdir), str(tmp_path), path, False, False)
+  loaded = exported.load_model(tmp_path)
+  assert loaded.model.segments == (("layers_00_01", 2),)  # one stack
+  assert loaded.info["source"]["path"] == path
+  assert loaded.tokenizer.sha256 == tokenizer.sha256
+  want = _full_logits(runtime.model, bank_lib.bank_path(
+      bank, runtime.topology, path), tokens)
+  np.testing.assert_allclose(_full_logits(loaded.model, loaded.params,
+                                          tokens), want, atol=1e-5, rtol=0)
+
+
+def test_greedy_generation_with_the_cache_is_the_full_forward_argmax(
+    routed_model):
+  r = routed_model
+  prompts = _prompts(r.tokenizer, PROMPTS)
+  paths = [0, 3, 1]
+  completions = generation.generate(
+      r.model, r.path_params, prompts, paths,
+      generation.Sampling(max_new_tokens=NEW_TOKENS))
+  size = max(map(len, prompts)) + NEW_TOKENS
+  for prompt, c, path in zip(prompts, completions, paths):
+    assert len(c.tokens) == NEW_TOKENS and set(c.paths) == {path}
+    # Greedy decoding by the full forward pass, one token at a time (on a
+    # padded text: causal, so the padding changes nothing).
+    text = np.zeros((1, size), np.int32)
+    text[0, :len(prompt)] = prompt
+    for t in range(len(prompt), len(prompt) + NEW_TOKENS):
+      text[0, t] = _full_logits(r.model, r.path_params[path], text)[
+          0, t - 1].argmax()
+    np.testing.assert_array_equal(c.tokens, text[0, len(prompt):len(
+        prompt) + NEW_TOKENS])
+
+
+@pytest.mark.parametrize("how", ["learned", "previous_chunk"])
+def test_rerouting_picks_the_evaluation_chunk_path(routed_model, rerouted,
+                                                   how):
+  r, rt = routed_model, routed_model.routing
+  prompts, completions = rerouted(how)
+  assert any(len(c.spans()) > 1 for c in completions)  # paths did switch
+  for c, doc_path in zip(completions, rt.route_prompts(prompts)):
+    text = np.concatenate([c.prompt, c.tokens])
+    # The evaluation's routes for this text as a validation document.
+    layout = routed.make_layout(routing_lib.as_documents([text]),
+                                rt.seq_len, PREFIX)
+    chunks = routed.chunk_features(layout, PREFIX, EVERY,
+                                   rt.group_sums(layout))
+    if how == "learned":
+      routes = evaluation.window_router_routes(
+          layout, chunks, np.array([doc_path]), rt.window_router, 4)
+    else:
+      routes = routed.route_by_features(
+          layout, chunks, np.array([doc_path]),
+          lambda f: rt.document_router.top_k(f, 1)[:, 0],
+          chunks.features(how))
+    path_of = dict(zip(layout.target_pos_MxL.ravel(), routes.ravel()))
+    n = len(c.prompt)
+    for i, path in enumerate(c.paths):
+      # Below the prefix evaluation scores nothing; the prompt's path.
+      assert path == (path_of[n + i] if n + i >= PREFIX else doc_path)
+    # After a switch the new path read the whole text: every token is
+    # its path's argmax over everything before it.
+    padded = np.zeros((1, max(map(len, prompts)) + NEW_TOKENS), np.int32)
+    padded[0, :len(text)] = text  # One shape: one compile.
+    for path in set(c.paths):
+      logits = _full_logits(r.model, r.path_params[path], padded)[0]
+      mine = np.flatnonzero(c.paths == path)
+      np.testing.assert_array_equal(c.tokens[mine],
+                                    logits[n + mine - 1].argmax(-1))
+
+
+def test_short_prompt_is_routed_on_the_tokens_it_has(routed_model, rerouted,
+                                                     capsys):
+  r = routed_model
+  prompts, completions = rerouted("learned")
+  short = prompts[1]
+  assert len(short) < PREFIX
+  hidden = r.routing.feature_model.apply(
+      {"params": r.routing.feature_params}, short[None],
+      method=r.routing.feature_model.hidden_states)
+  want = r.routing.document_router.top_k(np.asarray(hidden).mean(1), 1)
+  assert completions[1].document_path == int(want[0, 0])
+  assert len(completions[1].tokens) == NEW_TOKENS
+  command_generate.report(r, r.tokenizer, completions, PREFIX, 40, False)
+  out = capsys.readouterr().out
+  assert f"read all {len(short)} (fewer than {PREFIX}" in out
+  assert f"read its first {PREFIX}" in out  # the long prompt
+
+
+def test_generation_from_an_export_equals_the_workdirs(tiny, routed_model,
+                                                       tmp_path):
+  command_export.export(str(tiny[0]), str(tmp_path), None, False, True)
+  again = sources.from_export(tmp_path)
+  r = routed_model
+  prompts = _prompts(r.tokenizer, PROMPTS)
+  doc_paths = r.routing.route_prompts(prompts)
+  np.testing.assert_array_equal(again.routing.route_prompts(prompts),
+                                doc_paths)
+  # Path 1 is its early-stopping snapshot, as evaluation scores it.
+  snapshot = items.load_tree(
+      tiny[0] / "runs" / "dipaco" / "early_stopping" / "path_00001" /
+      "s00000002", r.path_params[1])[0]
+  jax.tree.map(np.testing.assert_array_equal, r.path_params[1], snapshot)
+  assert exported.load_model(tmp_path / "path_001").info["source"][
+      "early_stopping"]
+  runs = [generation.generate(
+      m.model, m.path_params, prompts, doc_paths,
+      generation.Sampling(NEW_TOKENS, temperature=0.8, top_p=0.9),
+      generation.Rerouting(EVERY, PREFIX, lambda t, c, d, m=m: (
+          m.routing.route_chunks(t, c, d, EVERY)))) for m in (r, again)]
+  for a, b in zip(*runs):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.paths, b.paths)
+
+
+def test_bad_path_is_one_line_naming_the_flag(tiny, tmp_path):
+  out = tmp_path / "out"
+  run = subprocess.run(
+      [sys.executable, "-m", "dipaco_jax.export", f"--workdir={tiny[0]}",
+       "--path=7", f"--out={out}"], capture_output=True, text=True,
+      check=False, cwd=os.path.dirname(os.path.dirname(__file__)),
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert run.returncode == 2, run.stderr[-2000:]
+  lines = run.stderr.strip().splitlines()
+  assert lines == ["error: --path=7: the workdir has 4 paths, 0 to 3; give "
+                   "one of them (or --all)."], run.stderr[-2000:]
+  assert not out.exists()
+  with pytest.raises(errors.UserError, match="give one of --path"):
+    command_export.check_choice(1, True, False, 4)
+  with pytest.raises(errors.UserError, match=r"^--path=-1: the model has 4"):
+    command_generate.check_flags(sources.RoutedModel(
+        None, None, [0] * 4, [], None, None, "", PREFIX, 40), -1, 0,
+                                 "learned")
