@@ -47,9 +47,11 @@ class Wire:
 
   def __init__(self, config, slots):
     comms = comm_lib.comm_by_slot(config, slots)
-    # Plain slots (float32, no feedback) are written as before.
+    # Uncompressed slots (float32, no feedback; delayed or not) are written
+    # as before.
     self.codecs = {name: compress.make_codec(c.spec)
-                   for name, c in comms.items() if not c.plain}
+                   for name, c in comms.items()
+                   if c.spec.name != "none" or c.spec.error_feedback}
     self._treedefs = {}  # Each compressed slot's module structure.
 
   @property
