@@ -12,14 +12,17 @@ from the bytes each role moved (control/bytes): without delay, a round is
 compute + its contribution and state up + the executor's reads and writes +
 the module read back; one round late, only the module read back stays on it
 (its uploads and the outer step run while the next round trains), unless the
-transfers take longer than the compute.
+transfers take longer than the compute. The int4 arms send int4 +
+error-feedback payloads (islands/wire.py): their bytes are what the
+roles measured, so the same prediction holds.
 """
 
 import argparse
 import json
 from pathlib import Path
 
-ARMS = ("plain_fast", "plain_link", "late_link")
+ARMS = ("plain_fast", "plain_link", "late_link", "int4_link",
+        "late_int4_link")
 
 
 def _load(path: Path):
@@ -70,7 +73,9 @@ def main():
   parser.add_argument("--latency_ms", type=float, required=True)
   parser.add_argument("--out", type=Path)
   args = parser.parse_args()
-  runs = {a: measured(args.work, a) for a in ARMS}
+  # The int4 arms run only with INT4=1 (bench/islands_overlap.sh).
+  runs = {a: measured(args.work, a) for a in ARMS
+          if (args.work / a).exists()}
   fast = runs["plain_fast"]
   # Every arm's first task compiles: compare what the link adds per round.
   lines = ["| arm | link | measured round (s) | added by the link (s) | "
@@ -83,7 +88,7 @@ def main():
     link = "none" if arm == "plain_fast" else (
         f"{args.link_mbps:g} Mbit/s, {args.latency_ms:g} ms")
     pred = ("" if arm == "plain_fast" else
-            f"{predict(fast, run, arm == 'late_link', args.link_mbps, args.latency_ms):.2f}")
+            f"{predict(fast, run, arm.startswith('late'), args.link_mbps, args.latency_ms):.2f}")
     phases = ", ".join(f"{k} {v:.2f}" for k, v in (run["phases"] or {}
                                                     ).items())
     added = run["round_s"] - fast["round_s"]

@@ -5,11 +5,15 @@
 #   plain_fast   delay none, no link limit      (about the compute alone)
 #   plain_link   delay none, LINK_MBPS / LATENCY_MS
 #   late_link    delay one_round, the same link
+# and with INT4=1 two more on the same link, contributions sent as int4
+# with error feedback (islands/wire.py):
+#   int4_link       delay none
+#   late_int4_link  delay one_round
 # then prints the table of bench/islands_overlap.py (round time against
 # compute and transfer) and leaves the timelines in WORK/ARM/plots/.
-# Usage: [LINK_MBPS=100] [LATENCY_MS=50] [STEPS=300] [H=50] \
+# Usage: [LINK_MBPS=100] [LATENCY_MS=50] [STEPS=300] [H=50] [INT4=1] \
 #        bash bench/islands_overlap.sh [WORK_DIR] [TABLE.md]
-# ~10 minutes on a 2-core CPU (three runs of ~3 minutes).
+# ~10 minutes on a 2-core CPU (three runs of ~3 minutes; 5 with INT4=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
@@ -39,13 +43,21 @@ arm() {  # name, then flags
     || true
 }
 arm plain_fast
+int4=(--config.diloco.compression=int4 --config.diloco.error_feedback=True)
+linked=(plain_link late_link)
+[[ -n "${INT4:-}" ]] && linked+=(int4_link late_int4_link)
 for d in data runs/base shards; do
-  for a in plain_link late_link; do
+  for a in "${linked[@]}"; do
     mkdir -p "$work/$a/$(dirname $d)"; cp -r "$work/plain_fast/$d" "$work/$a/$d"
   done
 done
 arm plain_link --link_mbps="$mbps" --link_latency_ms="$lat"
 arm late_link --link_mbps="$mbps" --link_latency_ms="$lat" \
   --config.diloco.delay=one_round
+if [[ -n "${INT4:-}" ]]; then
+  arm int4_link --link_mbps="$mbps" --link_latency_ms="$lat" "${int4[@]}"
+  arm late_int4_link --link_mbps="$mbps" --link_latency_ms="$lat" \
+    --config.diloco.delay=one_round "${int4[@]}"
+fi
 python3 bench/islands_overlap.py "$work" --link_mbps="$mbps" \
   --latency_ms="$lat" ${table:+--out "$table"}
