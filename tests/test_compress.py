@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dipaco_jax.diloco import compress
+from dipaco_jax.diloco import compress_apply
 from dipaco_jax.diloco import compress_lowrank
 
 Spec = compress.CompressionSpec
@@ -146,9 +147,9 @@ def test_error_feedback_decay_scales_the_residual():
   codec = _codec("topk", error_feedback=True, feedback_decay=0.5)
   rng = np.random.default_rng(8)
   x1, x2 = rng.standard_normal((2, 5, 7)).astype(np.float32)
-  sent1, res1, *_ = compress.compress_leaf(codec, x1, None, None)
+  sent1, res1, *_ = compress_apply.compress_leaf(codec, x1, None, None)
   np.testing.assert_allclose(res1, x1 - sent1, atol=1e-6)
-  sent2, res2, *_ = compress.compress_leaf(codec, x2, res1, None)
+  sent2, res2, *_ = compress_apply.compress_leaf(codec, x2, res1, None)
   # e <- 0.5 e + delta, then what was sent leaves it.
   np.testing.assert_allclose(res2, 0.5 * res1 + x2 - sent2, atol=1e-6)
   with pytest.raises(ValueError, match="error_feedback_decay"):
@@ -195,9 +196,9 @@ def test_error_feedback_loses_nothing_over_rounds(name):
   rounds = [{"s": {"w": rng.standard_normal((2, 5, 7)).astype(np.float32),
                    "b": rng.standard_normal((2, 7)).astype(np.float32)}}
             for _ in range(4)]
-  residuals = compress.init_residuals(rounds[0])
-  states = compress.init_states(codec, rounds[0])
-  step = jax.jit(lambda c, r, s: compress.compress_tree(codec, c, r, s))
+  residuals = compress_apply.init_residuals(rounds[0])
+  states = compress_apply.init_states(codec, rounds[0])
+  step = jax.jit(lambda c, r, s: compress_apply.compress_tree(codec, c, r, s))
   total_sent = jax.tree.map(np.zeros_like, rounds[0])
   for c in rounds:
     sent, residuals, states, _ = step(c, residuals, states)
@@ -251,16 +252,16 @@ def test_compress_tree_jits_over_workers(name):
                     "b": rng.standard_normal((num_workers, 6))},
               "e": rng.standard_normal((num_workers, 2, 3, 5))}
   contribs = jax.tree.map(lambda x: x.astype(np.float32), contribs)
-  states = compress.init_states(codec, contribs) if codec.stateful else None
+  states = compress_apply.init_states(codec, contribs) if codec.stateful else None
   sent, residuals, states, bytes_w = jax.jit(
-      lambda c, s: compress.compress_tree(codec, c, None, s))(contribs, states)
+      lambda c, s: compress_apply.compress_tree(codec, c, None, s))(contribs, states)
   assert residuals is None
   assert bytes_w.shape == (num_workers,) and bytes_w.dtype == jnp.float32
   # Each worker alone, leaf by leaf: the same.
   for w in range(num_workers):
     total = 0.0
     for path, x_w in jax.tree_util.tree_leaves_with_path(contribs):
-      got, _, _, _, nbytes = compress.compress_leaf(codec, x_w[w], None, None)
+      got, _, _, _, nbytes = compress_apply.compress_leaf(codec, x_w[w], None, None)
       np.testing.assert_allclose(got, _leaf_at(sent, path)[w], atol=1e-5)
       total += float(nbytes)
     assert math.isclose(float(bytes_w[w]), total, rel_tol=1e-6)
@@ -278,7 +279,7 @@ def test_zero_stays_zero(name):
   x = np.zeros((6, 5), np.float32)
   state, residual = codec.init_state(x), np.zeros_like(x)
   for _ in range(2):
-    sent, residual, state, _, nbytes = compress.compress_leaf(
+    sent, residual, state, _, nbytes = compress_apply.compress_leaf(
         codec, x, residual, state)
     np.testing.assert_array_equal(sent, 0.0)
     np.testing.assert_array_equal(residual, 0.0)
@@ -286,7 +287,7 @@ def test_zero_stays_zero(name):
   # After zeros, a real contribution still goes through (lowrank's warm
   # start did not die).
   y = np.ones_like(x)
-  sent, *_ = compress.compress_leaf(codec, y, np.zeros_like(x), state)
+  sent, *_ = compress_apply.compress_leaf(codec, y, np.zeros_like(x), state)
   assert np.isfinite(sent).all() and np.abs(sent).sum() > 0
 
 

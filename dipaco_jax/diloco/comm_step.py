@@ -63,6 +63,7 @@ import jax.numpy as jnp
 import optax
 
 from dipaco_jax.diloco import compress
+from dipaco_jax.diloco import compress_apply
 from dipaco_jax.diloco import outer as outer_lib
 
 
@@ -81,7 +82,7 @@ def init_extra(comms: dict, inner_params: dict, bank: dict,
   delayed = [n for n, c in comms.items() if c.delayed]
   eager = [n for n, c in comms.items() if c.delay == "eager"]
   if eager:
-    inner["prev_sent"] = {n: compress.init_residuals(inner_params[n])
+    inner["prev_sent"] = {n: compress_apply.init_residuals(inner_params[n])
                           for n in eager}
     inner["eager_opt"] = {n: jax.vmap(tx.init)(inner_params[n])
                           for n in eager}
@@ -99,11 +100,11 @@ def init_extra(comms: dict, inner_params: dict, bank: dict,
         for n in delayed}
     outer["has_pending"] = jnp.zeros((), jnp.int32)
   if feedback:
-    inner["residual"] = {n: compress.init_residuals(inner_params[n])
+    inner["residual"] = {n: compress_apply.init_residuals(inner_params[n])
                          for n in feedback}
   if stateful:
     inner["codec_state"] = {
-        n: compress.init_states(compress.make_codec(comms[n].spec),
+        n: compress_apply.init_states(compress.make_codec(comms[n].spec),
                                 inner_params[n]) for n in stateful}
   if not all(c.plain for c in comms.values()):
     inner["sent_bytes_W"] = jnp.zeros((num_workers,), jnp.float32)
@@ -118,7 +119,7 @@ def _send(comm, contribs_W, inner: dict, name: str, num_workers: int):
     return contribs_W, residual, state, _tree_bytes_W(contribs_W,
                                                       num_workers)
   codec = compress.make_codec(comm.spec)
-  return compress.compress_tree(codec, contribs_W, residual, state)
+  return compress_apply.compress_tree(codec, contribs_W, residual, state)
 
 
 def outer_update(outer: dict, inner: dict, tx, *, comms: dict,

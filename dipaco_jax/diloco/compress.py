@@ -20,6 +20,7 @@ adds it to its next contribution, so nothing is lost for good: after R
 rounds, sum of what was sent + residual = sum of the contributions. With a
 feedback decay beta < 1 (SparseLoCo's accumulator, e <- beta e + delta)
 the residual is scaled by beta before it is added: old losses fade.
+`compress_apply.py` applies a codec so, leaf by leaf or over workers.
 
 A payload has static shapes (it is made inside the jitted outer step,
 vmapped over workers); `payload_bytes` counts, traced, the bytes of what
@@ -127,23 +128,10 @@ def _decode_jit(codec, payload, shape):
   return codec.decode(payload, shape)
 
 
-def _pack(code_N, bits: int) -> np.ndarray:
-  """Codes of `bits` bits (two's complement if signed) [N] -> uint8
-  [ceil(N bits / 8)], the first code in the low bits."""
-  per = 8 // bits
-  c = np.asarray(code_N).astype(np.uint8) & (2**bits - 1)
-  c = np.concatenate([c, np.zeros(-c.size % per, np.uint8)]).reshape(-1, per)
-  shifts_1xP = (bits * np.arange(per)).astype(np.uint8)[None, :]
-  return np.bitwise_or.reduce(c << shifts_1xP, axis=1)
-
-
-def _unpack(packed, bits: int, n: int, signed: bool) -> np.ndarray:
-  shifts_1xP = (bits * np.arange(8 // bits)).astype(np.uint8)[None, :]
-  u = ((packed[:, None] >> shifts_1xP) & (2**bits - 1)).reshape(-1)[:n]
-  if not signed:
-    return u
-  return np.where(u >= 2**(bits - 1), u.astype(np.int16) - 2**bits,
-                  u).astype(np.int8)
+def _unpack_signed(packed, bits: int, n: int) -> np.ndarray:
+  """Two's-complement codes of `bits` bits back from `pack_bits`."""
+  u = compress_topk.unpack_bits(packed, bits, n).astype(np.int16)
+  return np.where(u >= 2**(bits - 1), u - 2**bits, u).astype(np.int8)
 
 
 class _BlockCodec(Codec):
@@ -181,13 +169,13 @@ class _BlockCodec(Codec):
   def trim(self, payload):
     trimmed = super().trim(payload)
     if self.bits == 4:
-      trimmed["code"] = _pack(trimmed["code"], 4)
+      trimmed["code"] = compress_topk.pack_bits(trimmed["code"] & 15, 4)
     return trimmed
 
   def untrim(self, trimmed, shape):
     payload = dict(trimmed)
     if self.bits == 4:
-      payload["code"] = _unpack(trimmed["code"], 4, _size(shape), True)
+      payload["code"] = _unpack_signed(trimmed["code"], 4, _size(shape))
     return payload
 
 
@@ -278,13 +266,13 @@ class _TopKCodec(Codec):
 
   def trim(self, payload):
     trimmed = super().trim(payload)
-    trimmed["code"] = _pack(trimmed["code"], 2)
+    trimmed["code"] = compress_topk.pack_bits(trimmed["code"], 2)
     return trimmed
 
   def untrim(self, trimmed, shape):
     payload = dict(trimmed)
-    payload["code"] = _unpack(trimmed["code"], 2, self.num_kept(shape),
-                              False)
+    payload["code"] = compress_topk.unpack_bits(
+        trimmed["code"], 2, self.num_kept(shape)).astype(np.uint8)
     return payload
 
 
@@ -373,69 +361,3 @@ def make_codec(spec: CompressionSpec) -> Codec:
   if spec.name == "topk" and spec.topk_chunk:
     return _ChunkedTopKCodec(spec)
   return _CODECS[spec.name](spec)
-
-
-@functools.partial(jax.jit, static_argnums=0)  # see _decode_jit
-def compress_leaf(codec: Codec, x, residual, state):
-  """What one worker sends of one leaf.
-
-  Returns (sent, residual, state, payload, bytes). With error feedback, the
-  residual (None = zeros), times the feedback decay, is added before
-  encoding and the new residual is what the codec lost; without, `residual` comes back as it was. A None
-  state of a stateful codec starts from `init_state`.
-  """
-  x = jnp.asarray(x, jnp.float32)
-  feedback = codec.spec.error_feedback
-  y = (x + codec.spec.feedback_decay * residual
-       if feedback and residual is not None else x)
-  if state is None:
-    state = codec.init_state(y) if codec.stateful else {}
-  payload, state = codec.encode(y, state)
-  sent = codec.decode(payload, y.shape)
-  if feedback:
-    residual = y - sent
-  return sent, residual, state, payload, codec.payload_bytes(payload, y.shape)
-
-
-def compress_tree(codec: Codec, contribs: dict, residuals, states):
-  """compress_leaf for every leaf [W, ...] of {slot: tree}, vmapped over W.
-
-  `residuals` and `states` have the structure of `contribs` (a state is a
-  dict per leaf), or are None (zeros; init_state). Returns (sent, residuals,
-  states, bytes_W): residuals as given without error feedback, states None
-  for a stateless codec given None, bytes_W [W] float32 each worker's
-  payload bytes over all leaves.
-  """
-  leaves, treedef = jax.tree.flatten(contribs)
-  none = [None] * len(leaves)
-  res_in = none if residuals is None else treedef.flatten_up_to(residuals)
-  st_in = none if states is None else treedef.flatten_up_to(states)
-
-  def one(x, res, st):
-    sent, res, st, _, nbytes = compress_leaf(codec, x, res, st)
-    return sent, res, st, nbytes
-
-  outs = [jax.vmap(one)(*args) for args in zip(leaves, res_in, st_in)]
-  sent, res_out, st_out, bytes_L = (list(col) for col in zip(*outs))
-  if codec.spec.error_feedback:
-    residuals = treedef.unflatten(res_out)
-  if states is not None or codec.stateful:
-    states = treedef.unflatten(st_out)
-  return treedef.unflatten(sent), residuals, states, sum(bytes_L)
-
-
-def init_residuals(contribs_like):
-  """Error-feedback buffers: float32 zeros of the contributions' shapes."""
-  return jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32),
-                      contribs_like)
-
-
-def init_states(codec: Codec, contribs_like):
-  """Every worker's codec state, per leaf [W, ...] (arrays or shape structs):
-  the same first state for every worker, broadcast over W."""
-  def leaf_state(x):
-    state = codec.init_state(jax.ShapeDtypeStruct(x.shape[1:], jnp.float32))
-    return jax.tree.map(lambda s: jnp.broadcast_to(s, x.shape[:1] + s.shape),
-                        state)
-  leaves, treedef = jax.tree.flatten(contribs_like)
-  return treedef.unflatten([leaf_state(x) for x in leaves])

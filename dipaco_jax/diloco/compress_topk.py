@@ -1,5 +1,6 @@
 """Chunked top-k of SparseLoCo: the math of `compress.py`'s "topk" codec
-when `topk_chunk` > 0.
+when `topk_chunk` > 0; and the bit packing of every codec's wire form
+(`pack_bits` / `unpack_bits`).
 
 A leaf's flattened values are cut into chunks of `chunk` entries (the last
 one padded with zeros); each chunk keeps its k largest |x|, sent as an

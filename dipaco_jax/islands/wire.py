@@ -23,6 +23,7 @@ import numpy as np
 
 from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import compress
+from dipaco_jax.diloco import compress_apply
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -33,7 +34,7 @@ def _encode_slot(codec, contribs_G, residuals, states):
   none = [None] * len(leaves)
   res_in = none if residuals is None else treedef.flatten_up_to(residuals)
   st_in = none if states is None else treedef.flatten_up_to(states)
-  outs = [jax.vmap(lambda x, r, s: compress.compress_leaf(codec, x, r, s))(
+  outs = [jax.vmap(lambda x, r, s: compress_apply.compress_leaf(codec, x, r, s))(
       *args) for args in zip(leaves, res_in, st_in)]
   _, res_out, st_out, payloads, bytes_L = (list(c) for c in zip(*outs))
   return (treedef.unflatten(payloads),
@@ -66,9 +67,9 @@ class Wire:
     for name, codec in self.codecs.items():
       slot = {}
       if codec.spec.error_feedback:
-        slot["residual"] = compress.init_residuals(contribs_G[name])
+        slot["residual"] = compress_apply.init_residuals(contribs_G[name])
       if codec.stateful:
-        slot["codec_state"] = compress.init_states(codec, contribs_G[name])
+        slot["codec_state"] = compress_apply.init_states(codec, contribs_G[name])
       if slot:
         carry[name] = slot
     return carry

@@ -18,14 +18,14 @@ the background, the next round trained ahead).
 
 The worker learns its task from `control/assign/{worker_id}.json` (written
 by the coordinator alone) and reports liveness in
-`control/heartbeat/{worker_id}.json` (written by it alone).
+`control/heartbeat/{worker_id}.json` (written by it alone,
+`islands/heartbeat.py`).
 """
 
 import dataclasses
 import math
 import os
 import socket
-import threading
 import time
 
 import flax.linen as nn
@@ -37,6 +37,7 @@ from dipaco_jax.data import batches as batches_lib
 from dipaco_jax.data import shards as shards_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import delayed
+from dipaco_jax.islands import heartbeat as heartbeat_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import wire as wire_lib
@@ -292,45 +293,6 @@ class TaskRunner:
         self.meter.add("written", r, key)
 
 
-class Heartbeat:
-  """Writes the worker's liveness file every `interval_s` from a thread."""
-
-  def __init__(self, run, worker_id: str, interval_s: float):
-    self.path = layout.control(run, "heartbeat", f"{worker_id}.json")
-    self.interval_s = interval_s
-    self.info = {"worker": worker_id, "pid": os.getpid(),
-                 "host": socket.gethostname(), "beat": 0, "task": None,
-                 "done_seq": -1}
-    self._lock = threading.Lock()
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._loop, daemon=True)
-
-  def update(self, **fields) -> None:
-    with self._lock:
-      self.info.update(fields)
-    self.beat()
-
-  def beat(self) -> None:
-    with self._lock:
-      self.info["beat"] += 1
-      self.info["time"] = time.time()
-      info = dict(self.info)
-    atomic.write_json(self.path, info, indent=None)
-
-  def _loop(self):
-    while not self._stop.wait(self.interval_s):
-      self.beat()
-
-  def __enter__(self):
-    self.beat()
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc):
-    self._stop.set()
-    self._thread.join(timeout=5)
-
-
 def serve(run, worker_id: str, slowdown_s: float = 0.0,
           poll_s: float = 0.02, max_idle_s: float = 3600.0) -> int:
   """Takes tasks until the run is done; returns the number run. Waits up
@@ -343,7 +305,8 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   stats = timeline.TaskStats(run, worker_id)
   assign_path = layout.control(run, "assign", f"{worker_id}.json")
   done_seq, ran, idle_since = -1, 0, time.monotonic()
-  with Heartbeat(run, worker_id, spec.heartbeat_s) as heartbeat:
+  with heartbeat_lib.Heartbeat(run, worker_id, spec.heartbeat_s) as (
+      heartbeat):
     while not layout.done_path(run).exists():
       lease = layout.read_json(assign_path)
       if lease and lease.get("stop"):
