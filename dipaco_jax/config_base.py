@@ -110,6 +110,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.dump_reroute_data = False
   c.eval.early_stopping = False  # Keep each path's best snapshot (paper 2.7)
   c.eval.holdout_fraction = 0.05  # Training docs (whole files) held out.
+  # Paths scored together, sharded over this process's devices (paths over
+  # one axis, windows over the rest; eval/sharded.py). 0 = gcd(paths,
+  # devices): one path per device of the path axis.
+  c.eval.path_group = 0
   # DiPaCo only (stages/dense_scaling.py): also train dense models of these
   # multiples of one path's non-embedding parameters ("2,4"; "" = none)
   # from scratch, for the steps a path takes in all, base included.

@@ -93,6 +93,7 @@ _RANGES = (
     _Range("routing.discriminative_steps", _I, 0,
            why="0 = no discriminative phase"),
     _Range("eval.reroute_every", _I, 0, why="0 = no re-routing"),
+    _Range("eval.path_group", _I, 0, why="0 = one path per device"),
     _Range("eval.holdout_fraction", _F, 0, 0.5,
            why="the share of training files held out for early stopping"),
     _Range("inner_opt.learning_rate", _F, 0, low_open=True,

@@ -1,22 +1,20 @@
 """Routed evaluation: each document (or each window of it) scored by one path.
 
-Per-token negative log-likelihoods are computed once under every path, one
-path at a time; routing decisions just pick, per token, which path's number
+Per-token negative log-likelihoods are computed once under every path (a
+group of paths at a time, sharded over the devices: `eval/sharded.py`);
+routing decisions just pick, per token, which path's number
 counts (`RoutedTotals`). That makes routed-once, re-routed every N tokens, the dense
 baseline and per-path best (oracle) scores exactly comparable: the same
 tokens, the first `prefix_len` of each document never scored.
 """
 
 import dataclasses
-import functools
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 from dipaco_jax.data import batches as batches_lib
+from dipaco_jax.eval import sharded
 
 
 @dataclasses.dataclass
@@ -48,33 +46,15 @@ def make_layout(docs, seq_len: int, prefix_len: int) -> Layout:
   return Layout(windows, input_pos, len(docs), docs.lengths()[doc_M])
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _token_nll(model, params, inputs_BxL, targets_BxL, weights_BxL):
-  logits = model.apply({"params": params}, inputs_BxL)
-  nll = optax.softmax_cross_entropy_with_integer_labels(
-      logits.astype(jnp.float32), targets_BxL)
-  return nll * weights_BxL
-
-
 def token_nll(model, params, layout: Layout, batch_size: int) -> np.ndarray:
-  """[M, L] weighted per-token NLL of one set of path parameters."""
-  w = layout.windows
-  m = len(w["inputs"])
-  out = np.zeros(w["inputs"].shape, np.float32)
-  for start in range(0, m, batch_size):
-    idx = np.arange(start, min(start + batch_size, m))
-    take = np.concatenate([idx, np.full(batch_size - len(idx), idx[0])])
-    weights = w["weights"][take].copy()
-    weights[len(idx):] = 0
-    nll = _token_nll(model, params, w["inputs"][take], w["targets"][take],
-                     weights)
-    out[idx] = np.asarray(nll)[:len(idx)]
-  return out
+  """[M, L] weighted per-token NLL of one set of path parameters (its
+  windows spread over this process's devices, `eval/sharded.py`)."""
+  return sharded.group_token_nll(model, [params], layout, batch_size)[0]
 
 
 class RoutedTotals:
   """Adds up, path by path, the NLL of the tokens each routing scheme gives
-  to that path (so only one path's NLLs are in memory at a time)."""
+  to that path (so only one group of paths' NLLs is in memory at a time)."""
 
   def __init__(self, routes: dict):
     self.routes = routes  # name -> path of every token [M, L]
@@ -91,10 +71,19 @@ def summary(nll: float, count: float) -> dict:
           "tokens": int(count)}
 
 
+def compact_ids(paths) -> np.ndarray:
+  """Path ids in the smallest integer type that holds them: a route holds
+  one id per validation token and scheme (int16 up to 32,767 paths)."""
+  paths = np.asarray(paths)
+  top = int(paths.max(initial=0))
+  return paths.astype(np.int16 if top < 2 ** 15 else np.int32)
+
+
 def route_once(layout: Layout, doc_paths_N) -> np.ndarray:
   """Every token of a document goes to the path chosen from its prefix."""
-  return np.broadcast_to(doc_paths_N[layout.windows["doc_index"]][:, None],
-                         layout.input_pos_MxL.shape)
+  return np.broadcast_to(
+      compact_ids(doc_paths_N)[layout.windows["doc_index"]][:, None],
+      layout.input_pos_MxL.shape)
 
 
 @dataclasses.dataclass
@@ -222,8 +211,8 @@ def route_chunks(layout: Layout, chunks: Chunks, doc_paths_N,
   target_chunk = target_chunk_MxL(layout, chunks.prefix_len, chunks.every,
                                   chunks.num_chunks)
   doc_M = layout.windows["doc_index"]
-  return np.where(layout.target_pos_MxL >= chunks.prefix_len,
-                  chunk_path[doc_M[:, None], target_chunk], 0)
+  return compact_ids(np.where(layout.target_pos_MxL >= chunks.prefix_len,
+                              chunk_path[doc_M[:, None], target_chunk], 0))
 
 
 def route_by_features(layout: Layout, chunks: Chunks, doc_paths_N, route_fn,

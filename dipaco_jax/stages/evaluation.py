@@ -2,9 +2,11 @@
 path, and the routed, re-routed and oracle perplexities of the paths next
 to the dense baseline's, all on the same tokens."""
 
+import jax
 import numpy as np
 
 from dipaco_jax.eval import routed
+from dipaco_jax.eval import sharded
 from dipaco_jax.model import bank as bank_lib
 from dipaco_jax.parallel import multihost
 from dipaco_jax.stages import experiment as experiment_lib
@@ -29,14 +31,23 @@ def _path_params_for_eval(exp, bank, stopper, path):
 
 def score_paths(trained: experiment_lib.TrainedPaths, layout, config,
                 on_path):
-  """Scores `layout` under every path, one path at a time, so memory stays
-  at one path's [windows, L] NLLs: calls `on_path(p, nll_MxL)`."""
+  """Scores `layout` under every path, `eval.path_group` paths at a time
+  sharded over this process's devices (`eval/sharded.py`), so memory stays
+  at one group's [windows, L] NLLs: calls `on_path(p, nll_MxL)` in path
+  order."""
   exp = trained.experiment
   bank = exp.host_bank(trained.result.state)
-  for p in range(exp.topology.num_paths):
-    on_path(p, routed.token_nll(
-        exp.model, _path_params_for_eval(exp, bank, trained.stopper, p),
-        layout, config.train.eval_batch_size))
+  num_paths = exp.topology.num_paths
+  group = sharded.auto_group_size(num_paths, jax.local_device_count(),
+                                  config.eval.path_group)
+  for first in range(0, num_paths, group):
+    paths = range(first, min(first + group, num_paths))
+    nll_GxMxL = sharded.group_token_nll(
+        exp.model, [_path_params_for_eval(exp, bank, trained.stopper, p)
+                    for p in paths],
+        layout, config.train.eval_batch_size)
+    for p, nll_MxL in zip(paths, nll_GxMxL):
+      on_path(p, nll_MxL)
 
 
 def per_doc_nll(layout, nll_MxL):

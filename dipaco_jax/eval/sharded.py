@@ -1,0 +1,89 @@
+"""Validation NLL of a group of paths at once, sharded over local devices.
+
+Evaluation used to score one path at a time on one device. Here a group of
+G paths is scored by one jitted program: the paths' parameters are stacked
+on a leading axis sharded over a `path` mesh axis, the windows of a batch
+over a `data` axis, so 256 paths on 8 devices are 32 passes over the
+validation windows with every device busy, not 256 passes on one device.
+
+The mesh is this process's devices only (as the host bank is replicated on
+every process, each process scores everything it needs on its own devices
+and nothing crosses hosts). The path axis has gcd(G, devices) devices and
+the rest go to `data`, so a dense model (G = 1) spreads its windows over
+every device.
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+def _token_nll(model, params, inputs_BxL, targets_BxL, weights_BxL):
+  logits = model.apply({"params": params}, inputs_BxL)
+  nll = optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), targets_BxL)
+  return nll * weights_BxL
+
+
+def eval_mesh(group_size: int, devices=None) -> jax.sharding.Mesh:
+  """`path x data` over this process's devices for groups of `group_size`."""
+  devices = list(devices if devices is not None else jax.local_devices())
+  path_axis = math.gcd(group_size, len(devices))
+  return jax.sharding.Mesh(
+      np.array(devices).reshape(path_axis, len(devices) // path_axis),
+      ("path", "data"))
+
+
+def auto_group_size(num_paths: int, num_devices: int, requested: int) -> int:
+  """`eval.path_group`: the requested size, or (0) one path per device of
+  the path axis: gcd(paths, devices), so no group is ragged."""
+  return requested or math.gcd(num_paths, num_devices)
+
+
+@functools.lru_cache(maxsize=16)
+def _scorer(model, mesh):
+  """jit(vmap over paths) of `_token_nll`; its [G, B, L] output is sharded
+  like its inputs, paths over `path` and windows over `data`."""
+  return jax.jit(jax.vmap(functools.partial(_token_nll, model),
+                          in_axes=(0, None, None, None)),
+                 out_shardings=NamedSharding(mesh, P("path", "data")))
+
+
+def stack_params(params_list):
+  """G parameter trees (host or device) -> one tree with a leading G axis."""
+  return jax.tree.map(lambda *x: np.stack([np.asarray(a) for a in x]),
+                      *params_list)
+
+
+def group_token_nll(model, params_list, layout, batch_size: int,
+                    devices=None) -> np.ndarray:
+  """[G, M, L] weighted per-token NLL of `layout`'s windows under each of
+  the G parameter trees of `params_list` (each a path's parameters)."""
+  g = len(params_list)
+  mesh = eval_mesh(g, devices)
+  data_axis = mesh.shape["data"]
+  # Every data device gets the same number of windows per batch.
+  batch = -(-batch_size // data_axis) * data_axis
+  params = jax.device_put(stack_params(params_list),
+                          NamedSharding(mesh, P("path")))
+  rows = NamedSharding(mesh, P("data"))
+  nll_fn = _scorer(model, mesh)
+  w = layout.windows
+  m = len(w["inputs"])
+  out_GxMxL = np.zeros((g,) + w["inputs"].shape, np.float32)
+  for start in range(0, m, batch):
+    idx = np.arange(start, min(start + batch, m))
+    # The last batch is padded with copies of a real window, weighted 0.
+    take = np.concatenate([idx, np.full(batch - len(idx), idx[0])])
+    weights = w["weights"][take].copy()
+    weights[len(idx):] = 0
+    inputs, targets, weights = (jax.device_put(a, rows) for a in (
+        w["inputs"][take], w["targets"][take], weights))
+    nll_GxBxL = nll_fn(params, inputs, targets, weights)
+    out_GxMxL[:, idx] = np.asarray(nll_GxBxL)[:, :len(idx)]
+  return out_GxMxL

@@ -1,0 +1,54 @@
+"""Sharded evaluation (eval/sharded.py): a group of paths scored at once over
+8 fake devices gives each path's NLLs as scoring it alone on one device."""
+
+import jax
+import numpy as np
+
+from dipaco_jax import testing
+from dipaco_jax.data import token_store
+from dipaco_jax.eval import routed
+from dipaco_jax.eval import sharded
+
+
+def _layout(seq_len):
+  rng = np.random.default_rng(0)
+  lengths = [40, 9, 23, 17, 33]
+  tokens = rng.integers(4, testing.TINY_VOCAB, sum(lengths)).astype(np.int32)
+  docs = token_store.TokenDocs(tokens, np.r_[0, np.cumsum(lengths)])
+  return routed.make_layout(docs, seq_len, prefix_len=4)
+
+
+def test_group_of_paths_on_8_devices_equals_one_path_on_one_device():
+  runtime = testing.tiny_runtime(testing.tiny_config(shape="2x2", inner_steps=2))
+  bank = jax.device_get(runtime.init_state(jax.random.key(0))["outer"]
+                        ["params"])
+  # Experts start equal (from one base); make every module different.
+  rng = np.random.default_rng(1)
+  bank = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape)
+                      .astype(x.dtype), bank)
+  params = [runtime.path_params(bank, p) for p in range(4)]
+  layout = _layout(runtime.config.data.seq_len)
+  # 4 paths over 8 devices: a 4 x 2 mesh; batch 3 is padded up to 4 rows.
+  assert dict(sharded.eval_mesh(4).shape) == {"path": 4, "data": 2}
+  got_GxMxL = sharded.group_token_nll(runtime.model, params, layout, 3)
+  one_device = [jax.devices()[0]]
+  for p in range(4):
+    want_MxL = sharded.group_token_nll(runtime.model, [params[p]], layout, 3,
+                                       devices=one_device)[0]
+    np.testing.assert_allclose(got_GxMxL[p], want_MxL, rtol=2e-5, atol=2e-5)
+  # Padding windows are never scored, and the paths really differ.
+  assert (got_GxMxL[:, layout.windows["weights"] == 0] == 0).all()
+  assert not np.allclose(got_GxMxL[0], got_GxMxL[3])
+  # One path (the dense baseline's case) spreads its windows over all 8.
+  assert dict(sharded.eval_mesh(1).shape) == {"path": 1, "data": 8}
+  np.testing.assert_allclose(
+      routed.token_nll(runtime.model, params[2], layout, 3), got_GxMxL[2],
+      rtol=2e-5, atol=2e-5)
+
+
+def test_group_size_and_compact_route_ids():
+  assert sharded.auto_group_size(256, 8, 0) == 8
+  assert sharded.auto_group_size(6, 4, 0) == 2
+  assert sharded.auto_group_size(6, 4, 3) == 3
+  assert routed.compact_ids(np.array([0, 255])).dtype == np.int16
+  assert routed.compact_ids(np.array([0, 40_000])).dtype == np.int32
