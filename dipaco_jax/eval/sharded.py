@@ -87,3 +87,18 @@ def group_token_nll(model, params_list, layout, batch_size: int,
     nll_GxBxL = nll_fn(params, inputs, targets, weights)
     out_GxMxL[:, idx] = np.asarray(nll_GxBxL)[:, :len(idx)]
   return out_GxMxL
+
+
+def score_paths(model, path_params, num_paths: int, layout, batch_size: int,
+                on_path, group: int = 0, devices=None) -> None:
+  """Calls `on_path(p, nll_MxL)` for every path p in order, scoring `group`
+  paths at a time (0: `auto_group_size`); `path_params(p)` gives path p's
+  parameters. Memory stays at one group's [G, windows, L] NLLs."""
+  devices = devices if devices is not None else jax.local_devices()
+  group = auto_group_size(num_paths, len(devices), group)
+  for first in range(0, num_paths, group):
+    paths = range(first, min(first + group, num_paths))
+    nll_GxMxL = group_token_nll(model, [path_params(p) for p in paths],
+                                layout, batch_size, devices)
+    for p, nll_MxL in zip(paths, nll_GxMxL):
+      on_path(p, nll_MxL)

@@ -2,7 +2,6 @@
 path, and the routed, re-routed and oracle perplexities of the paths next
 to the dense baseline's, all on the same tokens."""
 
-import jax
 import numpy as np
 
 from dipaco_jax.eval import routed
@@ -37,17 +36,10 @@ def score_paths(trained: experiment_lib.TrainedPaths, layout, config,
   order."""
   exp = trained.experiment
   bank = exp.host_bank(trained.result.state)
-  num_paths = exp.topology.num_paths
-  group = sharded.auto_group_size(num_paths, jax.local_device_count(),
-                                  config.eval.path_group)
-  for first in range(0, num_paths, group):
-    paths = range(first, min(first + group, num_paths))
-    nll_GxMxL = sharded.group_token_nll(
-        exp.model, [_path_params_for_eval(exp, bank, trained.stopper, p)
-                    for p in paths],
-        layout, config.train.eval_batch_size)
-    for p, nll_MxL in zip(paths, nll_GxMxL):
-      on_path(p, nll_MxL)
+  sharded.score_paths(
+      exp.model, lambda p: _path_params_for_eval(exp, bank, trained.stopper, p),
+      exp.topology.num_paths, layout, config.train.eval_batch_size, on_path,
+      config.eval.path_group)
 
 
 def per_doc_nll(layout, nll_MxL):
