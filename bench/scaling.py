@@ -1,0 +1,132 @@
+r"""Training tokens/s of the dense, DiPaCo 2x2 and 4x4 configs on 1, 2, 4 GPUs.
+
+  python bench/scaling.py --devices=1,2 --out=/tmp/scaling.json
+
+For each config and device count it starts a child process that sees only
+that many GPUs (CUDA_VISIBLE_DEVICES), builds the config's runtime (the
+mesh chosen automatically, as the main job does) and runs the framework's
+own training loop (`train.loop.train`) on random token batches for
+`--steps` steps, checkpointing only at the end. The figure is the median of
+the loop's own tokens/s between log points after the first (compilation
+and warm-up excluded), i.e. what the progress line shows a user. The child
+also times the bare jitted inner step on a batch already on the devices:
+the gap between the two is what the host costs per step.
+
+Ratios compare each config against its own 1-GPU figure in the same call.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIGS = ("experiments/dense.py", "experiments/dipaco_2x2.py",
+           "experiments/dipaco_4x4.py")
+
+
+def child(args):
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from dipaco_jax import testing  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.train import metrics  # pylint: disable=g-import-not-at-top
+  import eval_throughput  # bench/eval_throughput.py: load_config
+  import timing  # pylint: disable=g-import-not-at-top
+
+  c = eval_throughput.load_config(args.config)
+  c.train.num_steps = args.steps
+  c.train.log_every = args.log_every
+  c.ckpt.every = 0
+  for key, value in (kv.split("=", 1) for kv in args.set if kv):
+    section, field = key.split(".")
+    c[section][field] = type(c[section][field])(value)
+  runtime = testing.tiny_runtime(c, vocab_size=c.data.vocab_size)
+  w, b, l = runtime.global_batch_shape
+  batches = testing.RandomBatches(w, b, l - 1, c.data.vocab_size)
+  with tempfile.TemporaryDirectory() as run_dir:
+    t0 = time.perf_counter()
+    loop.train(runtime, batches, run_dir, {}, "scaling")
+    wall = time.perf_counter() - t0
+    rows = metrics.read_jsonl(f"{run_dir}/logs/train/metrics.jsonl")
+  loop_tps = float(np.median([r["tokens_per_s"] for r in rows[1:]]))
+  # The bare step on a device-resident batch: no host work in between.
+  state = runtime.init_state(jax.random.key(0))
+  batch = runtime.worker_rows(batches.batch(0, runtime.local_workers))
+  holder = {"s": state}
+
+  def step():
+    holder["s"], m = runtime.inner_step(holder["s"], batch)
+    return m["loss"]
+
+  seconds = timing.seconds_per_call(step, 50, warmup=3)
+  tokens_per_step = w * b * (l - 1)
+  print("RESULT " + json.dumps({
+      "config": args.config, "devices": jax.device_count(),
+      "mesh": dict(runtime.mesh.shape), "workers": w,
+      "batch_per_worker": b, "loop_tokens_per_s": loop_tps,
+      "bare_step_tokens_per_s": tokens_per_step / seconds,
+      "bare_step_ms": seconds * 1e3,
+      "loop_step_ms": tokens_per_step / loop_tps * 1e3,
+      "wall_s": wall, "set": args.set}), flush=True)
+
+
+def parent(args):
+  results = []
+  for config in args.configs.split(","):
+    for n in (int(x) for x in args.devices.split(",")):
+      env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))))
+      cmd = [sys.executable, __file__, "--child", f"--config={config}",
+             f"--steps={args.steps}", f"--log_every={args.log_every}"] + [
+                 f"--set={s}" for s in args.set]
+      proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                            timeout=args.timeout)
+      line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+      if proc.returncode or not line:
+        print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+        results.append({"config": config, "devices": n, "error":
+                        proc.stderr.strip().splitlines()[-1:]})
+        continue
+      results.append(json.loads(line[0][len("RESULT "):]))
+      print(json.dumps(results[-1]), flush=True)
+  for r in results:
+    one = [x for x in results if x["config"] == r["config"] and
+           x.get("devices") == 1 and "error" not in x]
+    if one and "error" not in r:
+      r["loop_speedup"] = r["loop_tokens_per_s"] / one[0]["loop_tokens_per_s"]
+      r["bare_speedup"] = (r["bare_step_tokens_per_s"] /
+                           one[0]["bare_step_tokens_per_s"])
+  print("\nconfig                     GPUs  loop tok/s  x1 GPU  bare tok/s  x1")
+  for r in results:
+    if "error" in r:
+      print(f"{r['config']:<26} {r['devices']:>4}  error: {r['error']}")
+      continue
+    print(f"{r['config']:<26} {r['devices']:>4} {r['loop_tokens_per_s']:>11,.0f}"
+          f" {r.get('loop_speedup', 0):>7.2f} {r['bare_step_tokens_per_s']:>11,.0f}"
+          f" {r.get('bare_speedup', 0):>5.2f}")
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--configs", default=",".join(CONFIGS))
+  p.add_argument("--devices", default="1,2")
+  p.add_argument("--steps", type=int, default=300)
+  p.add_argument("--log_every", type=int, default=50)
+  p.add_argument("--set", action="append", default=[],
+                 help="section.field=value applied to every config")
+  p.add_argument("--timeout", type=int, default=300)
+  p.add_argument("--out", default="")
+  p.add_argument("--child", action="store_true")
+  p.add_argument("--config", default="")
+  args = p.parse_args()
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  child(args) if args.child else parent(args)
+
+
+if __name__ == "__main__":
+  main()
