@@ -47,6 +47,7 @@ from dipaco_jax.inference import generation
 from dipaco_jax.model import kv_cache
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
+import step_throughput  # bench/: the model shape flags
 import timing  # bench/timing.py
 
 HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}
@@ -144,12 +145,7 @@ def main():
   p.add_argument("--prompt", type=int, default=128)
   p.add_argument("--new", type=int, default=256)
   p.add_argument("--steps", type=int, default=100)
-  p.add_argument("--layers", type=int, default=12)
-  p.add_argument("--d_model", type=int, default=896)
-  p.add_argument("--heads", type=int, default=16)
-  p.add_argument("--head_dim", type=int, default=64)
-  p.add_argument("--mlp", type=int, default=3584)
-  p.add_argument("--vocab", type=int, default=32000)
+  step_throughput.add_model_flags(p)  # --layers, --d_model, ... (--seq unused)
   p.add_argument("--bf16_weights", action="store_true")
   p.add_argument("--no_generate", action="store_true")
   p.add_argument("--out", default="")

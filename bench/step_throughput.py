@@ -11,10 +11,16 @@ reference the framework must not be slower than.
 
 MFU = tokens/s x FLOPs/token / peak, with FLOPs/token = 6 x (parameters
 other than the input embedding table) + 12 x layers x d_model x sequence,
-and peak = 989 TFLOP/s (H100/H200 dense bf16 datasheet).
+and peak = 989 TFLOP/s (H100/H200 dense bf16 datasheet), also with --fp8
+(so that its MFU compares with bf16's; FP8's own peak is twice that).
+
+--loss_chunk and --fp8 set config.model.loss_chunk and config.model.fp8 for
+the framework's step; the plain reference step stays the bf16 step with
+the whole [B, L, V] logits.
 """
 
 import argparse
+import dataclasses
 import json
 
 import jax
@@ -25,6 +31,7 @@ import optax
 from dipaco_jax import config_base
 from dipaco_jax import testing
 from dipaco_jax.diloco import inner as inner_lib
+from dipaco_jax.model import transformer
 from dipaco_jax.train import state as state_lib
 import timing  # bench/timing.py (the script's folder is on sys.path)
 
@@ -42,6 +49,8 @@ def make_config(args, num_paths):
   c.model.attention = args.attention
   c.model.scan_layers = bool(args.scan)
   c.model.scan_unroll = args.unroll
+  c.model.loss_chunk = args.loss_chunk
+  c.model.fp8 = args.fp8
   c.data.seq_len = args.seq
   c.paths.shape = "1"
   c.paths.num_replicas = num_paths
@@ -94,7 +103,8 @@ def bench_framework(args, num_paths):
 
 def bench_plain(args, runtime):
   """The reference: a plain jitted Flax/optax step of the same model."""
-  model = runtime.model
+  model = transformer.build_model(dataclasses.replace(runtime.dims, fp8=False),
+                                  runtime.topology)
   params = jax.jit(lambda k: jax.tree.map(
       lambda x: x.value if hasattr(x, "value") else x,
       model.init(k, jnp.zeros((1, 8), jnp.int32))["params"],
@@ -126,10 +136,16 @@ def bench_plain(args, runtime):
           "mfu": tokens / seconds * fpt / PEAK_FLOPS}
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--paths", default="1,4")
+def add_shape_flags(p: argparse.ArgumentParser) -> None:
+  """The model and batch flags that `make_config` reads (also used by
+  bench/step_profile.py)."""
   p.add_argument("--batch", type=int, default=16)
+  add_model_flags(p)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+  """The model's shape, the paper's path by default (also used by
+  bench/decode_throughput.py)."""
   p.add_argument("--layers", type=int, default=12)
   p.add_argument("--d_model", type=int, default=896)
   p.add_argument("--heads", type=int, default=16)
@@ -141,6 +157,15 @@ def main():
   p.add_argument("--attention", default="auto")
   p.add_argument("--scan", type=int, default=1, help="scan over layers")
   p.add_argument("--unroll", type=int, default=0, help="0: full unroll")
+  p.add_argument("--loss_chunk", type=int, default=0,
+                 help="config.model.loss_chunk (0: whole logits)")
+  p.add_argument("--fp8", action="store_true", help="config.model.fp8")
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--paths", default="1,4")
+  add_shape_flags(p)
   p.add_argument("--no_plain", action="store_true")
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--warmup", type=int, default=3)

@@ -17,7 +17,7 @@ from dipaco_jax import config_fields
 
 # Logical axis name -> mesh axes. Parameters and activations carry logical
 # names (dipaco_jax.model.layers); these rules place them on the mesh
-# `path x data x fsdp x tensor`. Data, not code, so a sweep can change them.
+# `path x stage x data x fsdp x tensor`; data, not code, for sweeps.
 DEFAULT_SHARDING_RULES = (
     ("workers", "path"),  # leading path/replica axis of inner state
     ("batch", ("data", "fsdp")),
@@ -26,13 +26,17 @@ DEFAULT_SHARDING_RULES = (
     ("heads", "tensor"),
     ("kv", None),
     ("vocab", "tensor"),
-    ("layers", None),
+    # Pipeline stages (model/pipelined.py) own their layers' parameters and
+    # optimizer states. A no-op while the stage axis has size 1.
+    ("layers", "stage"),
     ("experts", None),  # leading expert axis of the outer module bank
     ("length", None),
     ("act_embed", None),
 )
 
-MESH_AXES = ("path", "data", "fsdp", "tensor")
+# `stage` sits outside the data axes: a pipeline's activations between
+# neighbours are far fewer bytes than data/fsdp/tensor traffic.
+MESH_AXES = ("path", "stage", "data", "fsdp", "tensor")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -72,6 +76,13 @@ def base_config() -> ml_collections.ConfigDict:
   #                          (fastest step), 1 = rolled (fastest compile).
   c.model.init_std = 0.02
   c.model.tie_embeddings = False  # One table for input embedding and head.
+  # The training loss's logits in chunks of this many positions per row
+  # (model/chunked_loss.py): no [B, L, V] float32 logits in memory, the
+  # backward pass recomputes each chunk's. 0 = all at once (as before).
+  c.model.loss_chunk = 0
+  # The blocks' matmuls in FP8 with per-tensor current scaling
+  # (model/fp8.py); needs an NVIDIA GPU of compute capability >= 8.9.
+  c.model.fp8 = False
 
   # --- Paths: the module bank (dipaco_jax.paths) ------------------------
   c.paths = ml_collections.ConfigDict()
@@ -168,6 +179,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.num_steps = 200  # Inner steps per worker.
   c.train.batch_size = 16  # Sequences per worker per step.
   c.train.log_every = 10
+  # Steps between a step's dispatch and reading its metrics (loss, grad
+  # norm) on the host; 1 reads each step's metrics while the next runs.
+  # Whether 2 helps small models on GPUs is not measured yet
+  # (bench/scaling.py --set=train.metrics_lag=2).
+  c.train.metrics_lag = 1
   c.train.eval_batch_size = 32
 
   # --- Checkpoints --------------------------------------------------------
@@ -176,9 +192,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.ckpt.keep = 2  # Checkpoints kept.
   c.ckpt.async_save = True
 
-  # --- Mesh: path x data x fsdp x tensor; one -1 takes the rest ---------
+  # --- Pipeline stages inside a worker (model/pipelined.py) --------------
+  # GPipe over each layer segment, stage s holding its s-th n/S layers; only
+  # the inner step is pipelined. Bubble: (S-1)/(M+S-1) of a step.
+  c.pipeline = ml_collections.ConfigDict()
+  c.pipeline.stages = 1  # S; 1 = no pipeline (the plain step, exactly).
+  c.pipeline.microbatches = 1  # M >= S; each is train.batch_size / M rows.
+
+  # --- Mesh: path x stage x data x fsdp x tensor; one -1 takes the rest --
   c.mesh = ml_collections.ConfigDict()
   c.mesh.path = 0  # 0 = auto: gcd(workers, devices).
+  c.mesh.stage = 0  # 0 = auto: pipeline.stages; 1: all stages everywhere.
   c.mesh.data = -1
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
@@ -331,6 +355,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _fail("eval.holdout_fraction", "per-path early stopping scores paths on "
           "held-out documents: set it > 0 (e.g. 0.05), or turn "
           "eval.early_stopping off.")
+  # Imported here: it imports jax, which config files need not.
+  from dipaco_jax.model import pipelined  # pylint: disable=g-import-not-at-top
+  pipelined.check_config(config)
   mesh = resolve_mesh_shape(config, num_devices)
   if num_workers % mesh["path"]:
     _fail("mesh.path", f"{num_workers} workers (paths x replicas) must be "
@@ -339,6 +366,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if t.batch_size % batch_shards:
     _fail("train.batch_size", f"{t.batch_size} must be divisible by "
           f"mesh.data x mesh.fsdp = {batch_shards}.")
+  pipelined.check_mesh(config, mesh)
 
 
 def num_workers_of(config) -> int:
@@ -350,11 +378,16 @@ def resolve_mesh_shape(config, num_devices: int) -> dict[str, int]:
   """Resolves `path=0` (auto) and the one -1 axis against `num_devices`."""
   sizes = {a: config.mesh[a] for a in MESH_AXES}
   if sum(s == -1 for s in sizes.values()) > 1 or any(
-      s < -1 or (s == 0 and a != "path") for a, s in sizes.items()):
+      s < -1 or (s == 0 and a not in ("path", "stage"))
+      for a, s in sizes.items()):
     _fail("mesh", f"{sizes}: sizes are positive, with at most one -1 "
-          "(and path may be 0 = auto).")
+          "(and path and stage may be 0 = auto).")
+  if sizes["stage"] == 0:
+    sizes["stage"] = config.pipeline.stages
   if sizes["path"] == 0:
-    sizes["path"] = math.gcd(num_workers_of(config), num_devices)
+    stage = max(sizes["stage"], 1)  # Workers share what stages leave.
+    sizes["path"] = math.gcd(num_workers_of(config),
+                             max(num_devices // stage, 1))
   known = math.prod(s for s in sizes.values() if s != -1)
   if num_devices % known:
     _fail("mesh", f"{sizes} does not divide {num_devices} devices.")

@@ -79,7 +79,12 @@ _RANGES = (
            why="the RoPE wavelength base (10000 is usual)"),
     _Range("model.scan_unroll", _I, 0, why="0 = fully unrolled, 1 = rolled"),
     _Range("model.init_std", _F, 0, low_open=True),
+    _Range("model.loss_chunk", _I, 0,
+           why="positions per chunk of the loss; 0 = the whole sequence"),
     _Range("paths.num_replicas", _I, 1, why="DiLoCo workers per path"),
+    _Range("pipeline.stages", _I, 1, why="1 = no pipeline"),
+    _Range("pipeline.microbatches", _I, 1,
+           why="the pipeline's microbatches per step"),
     _Range("base.num_steps", _I, 0, why="0 = paths start from init"),
     _Range("base.batch_size", _I, 0, why="0 = train.batch_size"),
     _Range("routing.train_top_k", _I, 1,
@@ -94,6 +99,7 @@ _RANGES = (
            why="0 = no discriminative phase"),
     _Range("eval.reroute_every", _I, 0, why="0 = no re-routing"),
     _Range("eval.path_group", _I, 0, why="0 = one path per device"),
+    _Range("train.metrics_lag", _I, 1),
     _Range("eval.holdout_fraction", _F, 0, 0.5,
            why="the share of training files held out for early stopping"),
     _Range("inner_opt.learning_rate", _F, 0, low_open=True,
@@ -133,7 +139,8 @@ _RANGES = (
 )
 
 _BOOL_FIELDS = (
-    "model.scan_layers", "model.tie_embeddings", "paths.private_embedding",
+    "model.scan_layers", "model.tie_embeddings", "model.fp8",
+    "paths.private_embedding",
     "eval.learned_reroute", "eval.dump_reroute_data", "eval.early_stopping",
     "eval.dense_same_flops", "diloco.weight_by_shard_size",
     "diloco.rescale_by_sqrt_users", "diloco.error_feedback",

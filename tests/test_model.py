@@ -106,13 +106,14 @@ def test_state_shardings_on_fake_8_device_mesh():
   config.mesh.tensor = 2  # path=4 (auto), data=1, fsdp=1, tensor=2
   config.mesh.data = -1
   runtime = testing.tiny_runtime(config)
-  assert dict(runtime.mesh.shape) == {"path": 4, "data": 1, "fsdp": 1,
-                                      "tensor": 2}
+  assert dict(runtime.mesh.shape) == {"path": 4, "stage": 1, "data": 1,
+                                      "fsdp": 1, "tensor": 2}
   state = runtime.init_state(jax.random.key(0))
   inner = state["inner"]["params"]
   gate_up = inner["layers_00_01"]["blocks"]["mlp"]["gate_up"]
   assert gate_up.shape == (4, 2, 32, 2, 64)  # [W, layers, D, 2, F]
-  assert gate_up.sharding.spec == P("path", None, "fsdp", None, "tensor")
+  # Layers go on the pipeline's `stage` axis (size 1 here: not split).
+  assert gate_up.sharding.spec == P("path", "stage", "fsdp", None, "tensor")
   assert inner["embed_head"]["embedding"].sharding.spec == P(
       "path", "tensor", "fsdp")
   bank = state["outer"]["params"]

@@ -58,7 +58,7 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
   assert "re-routed every 16 tokens (the previous chunk)" in run.stdout
   assert "re-routed every 16 tokens (all tokens so far)" in run.stdout
   assert "re-routed every 16 tokens (learned window router" in run.stdout
-  assert "mesh path=4 x data=2" in run.stdout  # 4 paths on 8 fake devices
+  assert "mesh path=4 x stage=1 x data=2" in run.stdout  # 4 paths on 8 fake devices
   results = json.loads((tmp_path / "results.json").read_text())
   models = results["models"]
   scored = {m["tokens"] for m in models.values()}

@@ -95,3 +95,24 @@ def test_losses_decrease_on_learnable_data(tmp_path):
   result = loop.train(testing.tiny_runtime(config), Repeating(),
                       str(tmp_path), {}, "x")
   assert result.final_losses_W[0] < 0.5
+
+
+def test_reading_metrics_later_changes_no_number(tmp_path):
+  """`train.metrics_lag` only moves when the host reads each step's
+  metrics: the same losses logged for every step, hooks called for every
+  step in order, the same final state."""
+  results, seen = {}, {}
+  for lag in (1, 3):
+    config = testing.tiny_config("1", replicas=2, inner_steps=4, num_steps=8)
+    config.train.log_every = 1
+    config.train.metrics_lag = lag
+    seen[lag] = []
+    results[lag] = loop.train(
+        testing.tiny_runtime(config), testing.RandomBatches(
+            2, 8, config.data.seq_len), str(tmp_path / str(lag)), {}, "lag",
+        hooks=[lambda step, state, losses, lag=lag: seen[lag].append(step)])
+  assert seen[1] == seen[3] == list(range(1, 9))
+  assert _losses(tmp_path / "1") == _losses(tmp_path / "3")
+  for a, b in zip(jax.tree.leaves(jax.device_get(results[1].state)),
+                  jax.tree.leaves(jax.device_get(results[3].state))):
+    np.testing.assert_array_equal(a, b)

@@ -65,9 +65,11 @@ class RestoredRun:
 
 def _on_local_devices(config):
   """`config` with an automatic mesh over this process's devices: the
-  restore places arrays by the target's mesh, never the writer's."""
+  restore places arrays by the target's mesh, never the writer's (a
+  pipelined run's layers on one stage: decoding is not pipelined)."""
   return run_configs.derive_config(config, **{
-      "mesh.path": 0, "mesh.data": -1, "mesh.fsdp": 1, "mesh.tensor": 1})
+      "mesh.path": 0, "mesh.stage": 1, "mesh.data": -1, "mesh.fsdp": 1,
+      "mesh.tensor": 1})
 
 
 def _read_config(workdir: epath.Path):
@@ -99,8 +101,12 @@ class TrainedWorkdir:
     self.main_run = next(n for n in _MAIN_RUNS if n in self.runs)
     self.topology = paths_lib.topology_from_config(self.config)
     self.tokenizer = _read_tokenizer(self.config, self.workdir)
-    self.dims = layers.dims_from_config(self.config.model,
-                                        self.tokenizer.vocab_size)
+    # Decoding and export run in bf16 whatever the run trained in: FP8
+    # (`model.fp8`) changes how matmuls compute, not the parameters, and
+    # decoding must work where FP8 does not (a CPU, an older GPU).
+    self.dims = layers.dims_from_config(
+        run_configs.derive_config(self.config, **{"model.fp8": False}).model,
+        self.tokenizer.vocab_size)
     self._restored = {}
 
   @property

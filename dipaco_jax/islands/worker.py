@@ -71,8 +71,10 @@ class GroupProgram:
     full = spec.topology()
     num_devices = jax.device_count()
     config.unlock()
+    # Pipeline stages (config.pipeline) take their share of the devices.
+    stages = config.mesh.stage or config.pipeline.stages
     config.mesh.path = math.gcd(config.mesh.path or group_size, group_size,
-                                num_devices)
+                                max(num_devices // stages, 1))
     # The program runs inner steps only; the delay and the compression are
     # the task's business (islands/delayed.py, islands/wire.py), so its
     # state is the plain one.

@@ -3,7 +3,8 @@
 Parameters are float32 and carry logical axis names (see
 `config_base.DEFAULT_SHARDING_RULES`); compute runs in `config.dtype`
 (bfloat16 by default). Attention goes through `jax.nn.dot_product_attention`
-so that GPUs get the fused cuDNN kernel.
+so that GPUs get the fused cuDNN kernel. With `ModelDims.fp8` the blocks'
+dense matmuls run in FP8 (model/fp8.py).
 
 Shape suffixes (the legend for the whole package is in docs/DESIGN.md): B
 batch, L sequence length, D model width, H heads, Dh head width, R rotary
@@ -16,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dipaco_jax.model import fp8 as fp8_lib
 from dipaco_jax.model import kv_cache
 
 
@@ -36,6 +38,7 @@ class ModelDims:
   scan_unroll: int = 0  # Layers per loop iteration; 0 = fully unrolled.
   tie_embeddings: bool = False
   init_std: float = 0.02
+  fp8: bool = False  # The blocks' matmuls in FP8 (model/fp8.py).
 
   @property
   def padded_vocab(self) -> int:
@@ -53,6 +56,7 @@ def dims_from_config(model_config, vocab_size: int) -> ModelDims:
   attention = model_config.attention
   if attention == "auto":
     attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
+  fp8_lib.check_supported(model_config.fp8)
   return ModelDims(
       vocab_size=vocab_size,
       num_layers=model_config.num_layers,
@@ -67,7 +71,15 @@ def dims_from_config(model_config, vocab_size: int) -> ModelDims:
       scan_layers=model_config.scan_layers,
       scan_unroll=model_config.scan_unroll,
       tie_embeddings=model_config.tie_embeddings,
-      init_std=model_config.init_std)
+      init_std=model_config.init_std,
+      fp8=model_config.fp8)
+
+
+def _matmul(spec, x, w, dims: ModelDims):
+  """`jnp.einsum` of activations and a weight, in FP8 with `dims.fp8`."""
+  if dims.fp8:
+    return jnp.einsum(spec, x, w, _dot_general=fp8_lib.dot_general)
+  return jnp.einsum(spec, x, w)
 
 
 def _param_init(std, names):
@@ -129,16 +141,19 @@ class Attention(nn.Module):
     w_Dx3xHxDh = self.param(
         "qkv", _param_init(d.init_std, ("embed", None, "heads", "kv")),
         (d.d_model, 3, d.num_heads, d.head_dim), jnp.float32)
-    qkv_BxLx3xHxDh = jnp.einsum("bld,dthk->blthk", x_BxLxD,
-                                w_Dx3xHxDh.astype(dtype))
+    qkv_BxLx3xHxDh = _matmul("bld,dthk->blthk", x_BxLxD,
+                             w_Dx3xHxDh.astype(dtype), d)
     q_BxLxHxDh, k_BxLxHxDh, v_BxLxHxDh = (qkv_BxLx3xHxDh[:, :, i]
                                           for i in range(3))
     if cache is None:
       q_BxLxHxDh = rotary(q_BxLxHxDh, d.rope_base)
       k_BxLxHxDh = rotary(k_BxLxHxDh, d.rope_base)
-      out_BxLxHxDh = jax.nn.dot_product_attention(
-          q_BxLxHxDh, k_BxLxHxDh, v_BxLxHxDh, is_causal=True,
-          implementation=d.attention)
+      # The scope names the attention core's ops in profiles (the XLA
+      # implementation's are plain einsums otherwise).
+      with jax.named_scope("dot_product_attention"):
+        out_BxLxHxDh = jax.nn.dot_product_attention(
+            q_BxLxHxDh, k_BxLxHxDh, v_BxLxHxDh, is_causal=True,
+            implementation=d.attention)
     else:
       positions_BxL = kv_cache.positions(cache, x_BxLxD.shape[1])
       q_BxLxHxDh = rotary(q_BxLxHxDh, d.rope_base, positions_BxL)
@@ -151,8 +166,8 @@ class Attention(nn.Module):
         "out", _param_init(d.init_std / (2 * d.num_layers) ** 0.5,
                            ("heads", "kv", "embed")),
         (d.num_heads, d.head_dim, d.d_model), jnp.float32)
-    out_BxLxD = jnp.einsum("blhk,hkd->bld", out_BxLxHxDh,
-                           w_HxDhxD.astype(dtype))
+    out_BxLxD = _matmul("blhk,hkd->bld", out_BxLxHxDh,
+                        w_HxDhxD.astype(dtype), d)
     return out_BxLxD if cache is None else (out_BxLxD, cache)
 
 
@@ -167,13 +182,13 @@ class GatedMlp(nn.Module):
     w_Dx2xF = self.param("gate_up",
                          _param_init(d.init_std, ("embed", None, "mlp")),
                          (d.d_model, 2, d.mlp_dim), jnp.float32)
-    h_BxLx2xF = jnp.einsum("bld,dtf->bltf", x_BxLxD, w_Dx2xF.astype(dtype))
+    h_BxLx2xF = _matmul("bld,dtf->bltf", x_BxLxD, w_Dx2xF.astype(dtype), d)
     h_BxLxF = nn.silu(h_BxLx2xF[:, :, 0]) * h_BxLx2xF[:, :, 1]
     w_FxD = self.param(
         "down", _param_init(d.init_std / (2 * d.num_layers) ** 0.5,
                             ("mlp", "embed")),
         (d.mlp_dim, d.d_model), jnp.float32)
-    return jnp.einsum("blf,fd->bld", h_BxLxF, w_FxD.astype(dtype))
+    return _matmul("blf,fd->bld", h_BxLxF, w_FxD.astype(dtype), d)
 
 
 def constrain_activations(x_BxLxD):

@@ -11,8 +11,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dipaco_jax.model import chunked_loss
 from dipaco_jax.model import kv_cache
 from dipaco_jax.model import layers
+from dipaco_jax.model import pipelined
 
 _REMAT_POLICIES = {
     "full": None,  # Save nothing: recompute the whole block.
@@ -46,21 +48,15 @@ class EmbedHead(nn.Module):
       x_BxLxD = x_BxLxD * self.dims.d_model ** 0.5
     return x_BxLxD.astype(self.dims.compute_dtype)
 
+  def head_inputs(self, x_BxLxD):
+    """What the head multiplies: the final-normed hidden states and its
+    float32 weight ([V, D] table when tied, else [D, V])."""
+    weight = self.embedding if self.dims.tie_embeddings else self.head
+    return self.final_norm(x_BxLxD), weight
+
   def logits(self, x_BxLxD):
-    x_BxLxD = self.final_norm(x_BxLxD)
-    dtype = self.dims.compute_dtype
-    if self.dims.tie_embeddings:
-      logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD,
-                                self.embedding.astype(dtype))
-    else:
-      logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD,
-                                self.head.astype(dtype))
-    if self.dims.padded_vocab == self.dims.vocab_size:
-      return logits_BxLxV
-    # Padding ids never occur; a large negative logit removes them from the
-    # softmax so the loss equals that of an unpadded vocabulary.
-    real_V = jnp.arange(self.dims.padded_vocab) < self.dims.vocab_size
-    return jnp.where(real_V, logits_BxLxV, jnp.asarray(-1e9, logits_BxLxV.dtype))
+    # Padding ids never occur: their logits are masked (head_logits).
+    return chunked_loss.head_logits(*self.head_inputs(x_BxLxD), self.dims)
 
   def __call__(self, tokens_BxL):  # Only used by init.
     return self.logits(self.embed(tokens_BxL))
@@ -110,10 +106,14 @@ class PathTransformer(nn.Module):
     dims: model shape.
     segments: ((slot_name, num_layers), ...) in depth order.
     embed_slot: name of the embedding+head slot.
+    pipeline: run each segment as a GPipe pipeline (`model.pipelined`);
+      the parameters are the same either way. None: plain, as for
+      evaluation and decoding.
   """
   dims: layers.ModelDims
   segments: tuple[tuple[str, int], ...]
   embed_slot: str = "embed_head"
+  pipeline: pipelined.Schedule | None = None
 
   def setup(self):
     self.embed_head = EmbedHead(self.dims, name=self.embed_slot)
@@ -123,8 +123,21 @@ class PathTransformer(nn.Module):
   def hidden_states(self, tokens_BxL):
     """The last block's output (before the final norm): routing features."""
     x_BxLxD = self.embed_head.embed(tokens_BxL)
-    for stack in self.stacks:
-      x_BxLxD = stack(x_BxLxD)
+    for (name, n), stack in zip(self.segments, self.stacks):
+      if self.pipeline is None or self.is_initializing():
+        x_BxLxD = stack(x_BxLxD)
+        continue
+      # Each stage is a plain LayerStack of n/S layers; detached
+      # (parent=None) so that it is applied to its slice of this slot's
+      # parameters instead of becoming a submodule with its own.
+      stage = LayerStack(self.dims, n // self.pipeline.stages, parent=None)
+      stage_fn = lambda p, x, stage=stage: stage.apply({"params": p}, x)
+      x_BxLxD = pipelined.gpipe(
+          stage_fn, pipelined.split_stages(self.variables["params"][name],
+                                           self.pipeline.stages),
+          x_BxLxD, self.pipeline)
+    if self.pipeline is not None:
+      x_BxLxD = pipelined.spread_over_stages(x_BxLxD)
     return x_BxLxD
 
   def __call__(self, tokens_BxL):
@@ -147,11 +160,19 @@ class PathTransformer(nn.Module):
     """Final norm and head of hidden states (`hidden_states`, `decode`)."""
     return self.embed_head.logits(x_BxLxD)
 
+  def head_inputs(self, tokens_BxL):
+    """The final-normed hidden states and the head's weight, for a loss
+    that makes the logits itself (`chunked_loss.mean_cross_entropy`)."""
+    return self.embed_head.head_inputs(self.hidden_states(tokens_BxL))
+
 
 def segments_of(topology) -> tuple[tuple[str, int], ...]:
   return tuple((s.name, len(s.layers)) for s in topology.layer_slots)
 
 
-def build_model(dims: layers.ModelDims, topology) -> PathTransformer:
+def build_model(dims: layers.ModelDims, topology,
+                pipeline: pipelined.Schedule | None = None
+                ) -> PathTransformer:
   from dipaco_jax import paths  # pylint: disable=g-import-not-at-top
-  return PathTransformer(dims, segments_of(topology), paths.EMBED_SLOT)
+  return PathTransformer(dims, segments_of(topology), paths.EMBED_SLOT,
+                         pipeline)

@@ -1,8 +1,9 @@
 """The device mesh, fake CPU devices, and logical-to-mesh shardings.
 
-One mesh `path x data x fsdp x tensor` (unused axes have size 1) in Auto
-axis mode; parameters carry logical axis names and `config.sharding_rules`
-maps them to mesh axes (DESIGN invariant 6).
+One mesh `path x stage x data x fsdp x tensor` (unused axes have size 1)
+in Auto axis mode; parameters carry logical axis names and
+`config.sharding_rules` maps them to mesh axes (DESIGN invariant 6). The
+`stage` axis holds pipeline stages (`model.pipelined`).
 """
 
 import os

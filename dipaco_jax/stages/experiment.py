@@ -312,7 +312,9 @@ class Experiment:
       from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
       return launcher.train_experiment(self, self.islands, init_bank,
                                        after_outer_step)
-    print(f"[{self.name}] mesh {mesh_lib.describe(self.mesh)}", flush=True)
+    pipeline = self.runtime.pipeline
+    print(f"[{self.name}] mesh {mesh_lib.describe(self.mesh)}"
+          f"{'; ' + pipeline.describe() if pipeline else ''}", flush=True)
     return loop.train(self.runtime, self.batches(), str(self.run_dir),
                       self.hashes, self.name, init_bank=init_bank,
                       after_outer_step=after_outer_step)

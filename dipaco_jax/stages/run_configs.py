@@ -28,7 +28,8 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
   for section in ("ckpt", "eval", "routing", "base"):
     keep.pop(section, None)
   keep["train"] = {k: v for k, v in keep["train"].items()
-                   if k not in ("log_every", "eval_batch_size")}
+                   if k not in ("log_every", "eval_batch_size",
+                                "metrics_lag")}
   keep["data"] = {k: v for k, v in keep["data"].items()
                   if k not in data_not_hashed}
   # DiLoCoX's fields enter only when set: a plain DiLoCo/DiPaCo run keeps
@@ -36,9 +37,31 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
   defaults = config_base.base_config().diloco
   keep["diloco"] = {k: v for k, v in keep["diloco"].items()
                     if k not in _COMM_FIELDS or v != defaults[k]}
+  # So do the speed options (issue 12), which change the numbers a little
+  # (rounding with chunks, FP8's precision).
+  model_defaults = config_base.base_config().model
+  keep["model"] = {k: v for k, v in keep["model"].items()
+                   if k not in _SPEED_FIELDS or v != model_defaults[k]}
+  _drop_unused_stage_axis(keep, config)
   return json.loads(json.dumps(keep, sort_keys=True, default=str))
 
 
+def _drop_unused_stage_axis(keep: dict, config) -> None:
+  """Without a pipeline and a stage mesh axis of size 1, the pipeline's
+  fields and the rules onto that axis change nothing: they are hashed as
+  before they existed, so earlier runs keep their hash (and checkpoints)."""
+  stage_axis = config.mesh.stage or config.pipeline.stages
+  if config.pipeline.stages == 1:
+    keep.pop("pipeline", None)
+  if stage_axis != 1:
+    return
+  keep["mesh"] = {k: v for k, v in keep["mesh"].items() if k != "stage"}
+  keep["sharding_rules"] = [
+      (name, None if axes == "stage" else axes)
+      for name, axes in keep["sharding_rules"]]
+
+
+_SPEED_FIELDS = ("loss_chunk", "fp8")
 _COMM_FIELDS = ("delay", "compression", "error_feedback",
                 "compression_block_size", "compression_rank_min",
                 "compression_rank_max", "compression_energy",

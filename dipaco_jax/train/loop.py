@@ -5,6 +5,7 @@ Deterministic by step: the batch of worker w at step s is a pure function of
 checkpoint reproduces an uninterrupted run exactly (DESIGN invariant 3).
 """
 
+import collections
 import dataclasses
 import functools
 
@@ -43,8 +44,9 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     name: shown in progress lines.
     init_bank: start from these modules instead of a random init.
     hooks: callables `hook(step, state, losses_W)` run after each step's
-      metrics arrive (one step late, so they never stall the device; the
-      state passed is the newest one, which may be a step ahead).
+      metrics arrive (`train.metrics_lag` steps late, so they never stall
+      the device; the state passed is the newest one, which may be that
+      many steps ahead).
     after_outer_step: callables `fn(step, state)` run right after each outer
       step (e.g. per-path early stopping).
     synchronizer: where outer steps come from (`train.sync`); by default
@@ -84,10 +86,18 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     metrics_lib.drop_rows_after(comm_log, start)
   tokens_per_step = (runtime.topology.num_workers * c.train.batch_size *
                      c.data.seq_len)
-  progress = metrics_lib.Progress(name, start, num_steps, tokens_per_step)
+  # A pipelined step's bubble (the share of it idled) closes each line.
+  progress = metrics_lib.Progress(
+      name, start, num_steps, tokens_per_step,
+      note=f"pipeline bubble {runtime.bubble_fraction:.1%}"
+      if runtime.pipeline else "")
   if latest is not None:
     print(f"[{name}] resuming from step {latest} in {run_dir}", flush=True)
-  pending = None  # (step, metrics on device): read one step late.
+  # (step, metrics on device), read `metrics_lag` steps late: reading
+  # step s's metrics waits for the device to finish s, so with a lag of 1
+  # the host has one step's time to dispatch the next; a larger lag keeps
+  # more steps queued (bench/scaling.py --set=train.metrics_lag=2).
+  pending = collections.deque()
   last_losses = np.array([])
   window = []  # Losses since the last log line: logged as their mean.
   # Stops a diverging run before its state is saved (every process alike:
@@ -146,22 +156,22 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
                                               state)
           for fn in after_outer_step:
             fn(done, state)
-        if pending is not None:
-          drain(*pending)
-        pending = (done, device_metrics)
+        pending.append((done, device_metrics))
+        while len(pending) > c.train.metrics_lag:
+          drain(*pending.popleft())
         if ckpt.should_save(done, num_steps):
           # Never checkpoint a diverged state: read this step's losses and
           # check the parameters themselves before saving.
-          drain(*pending)
-          pending = None
+          while pending:
+            drain(*pending.popleft())
           guard.check_params(done, state)
           ckpt.save(done, state, meta)
           if writes:  # The figures a resumed or reused run reports.
             metrics_lib.write_run_summary(run_dir, start, done,
                                           progress.elapsed(),
                                           tokens_per_step, last_losses)
-      if pending is not None:
-        drain(*pending)
+      while pending:
+        drain(*pending.popleft())
   finally:
     ckpt.close()
     if writer is not None:

@@ -73,8 +73,9 @@ class Progress:
   """Step, loss, tokens/s and ETA, measured between log points."""
 
   def __init__(self, name: str, first_step: int, last_step: int,
-               tokens_per_step: int):
+               tokens_per_step: int, note: str = ""):
     self.name, self.last_step = name, last_step
+    self.note = f"  {note}" if note else ""  # Fixed, e.g. the bubble.
     self.tokens_per_step = tokens_per_step
     self._t0, self._s0 = time.perf_counter(), first_step
     self._start_time, self._start_step = self._t0, first_step
@@ -93,8 +94,8 @@ class Progress:
                  self.name, step, self.last_step, loss, tokens_per_s,
                  format_seconds(eta))
     print(f"[{self.name}] step {step:>6}/{self.last_step}  loss {loss:.4f}  "
-          f"{tokens_per_s:>10,.0f} tokens/s  ETA {format_seconds(eta)}",
-          flush=True)
+          f"{tokens_per_s:>10,.0f} tokens/s  ETA {format_seconds(eta)}"
+          f"{self.note}", flush=True)
     return {"tokens_per_s": tokens_per_s}
 
   def elapsed(self) -> float:

@@ -34,17 +34,27 @@ from dipaco_jax.diloco import comm_step
 from dipaco_jax.diloco import inner as inner_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.model import bank as bank_lib
+from dipaco_jax.model import chunked_loss
 from dipaco_jax.model import layers
+from dipaco_jax.model import pipelined
 from dipaco_jax.model import transformer
 from dipaco_jax.parallel import mesh as mesh_lib
 
 
-def next_token_loss(model, params, batch_BxLp1):
-  """Mean next-token cross-entropy over a packed batch."""
+def next_token_loss(model, params, batch_BxLp1, loss_chunk: int = 0):
+  """Mean next-token cross-entropy over a packed batch; with `loss_chunk`
+  (`config.model.loss_chunk`) positions at a time, without the whole
+  [B, L, V] logits (`chunked_loss`)."""
   inputs_BxL, targets_BxL = batch_BxLp1[:, :-1], batch_BxLp1[:, 1:]
+  if loss_chunk:
+    normed_BxLxD, weight = model.apply({"params": params}, inputs_BxL,
+                                       method=model.head_inputs)
+    return chunked_loss.mean_cross_entropy(normed_BxLxD, weight, targets_BxL,
+                                           model.dims, loss_chunk)
   logits_BxLxV = model.apply({"params": params}, inputs_BxL)
-  return optax.softmax_cross_entropy_with_integer_labels(
-      logits_BxLxV.astype(jnp.float32), targets_BxL).mean()
+  with jax.named_scope(chunked_loss.SCOPE):
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits_BxLxV.astype(jnp.float32), targets_BxL).mean()
 
 
 @dataclasses.dataclass
@@ -59,6 +69,12 @@ class Runtime:
   def __post_init__(self):
     c = self.config
     self.model = transformer.build_model(self.dims, self.topology)
+    # The inner step's model: pipelined over `config.pipeline.stages`
+    # (same parameters); evaluation and decoding use `model`.
+    self.pipeline = pipelined.schedule_of(c)
+    self.train_model = transformer.build_model(self.dims, self.topology,
+                                               self.pipeline)
+    self.bubble_fraction = pipelined.bubble_fraction(c)
     self.rules = mesh_lib.rules_of(c)
     self.slot_names = tuple(s.name for s in self.topology.slots)
     # The outer step's worker weights: shard sizes (paper Eq. 2-3) or 1.
@@ -217,10 +233,12 @@ class Runtime:
   # --- Steps ----------------------------------------------------------------
 
   def _worker_step(self, params, opt_state, batch_BxLp1):
-    loss_fn = functools.partial(next_token_loss, self.model)
+    loss_fn = functools.partial(next_token_loss, self.train_model,
+                                loss_chunk=self.config.model.loss_chunk)
     loss, grads = jax.value_and_grad(loss_fn)(params, batch_BxLp1)
-    updates, opt_state = self.inner_tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+    with jax.named_scope("optimizer"):  # Names its ops in profiles.
+      updates, opt_state = self.inner_tx.update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
     return params, opt_state, {"loss": loss,
                                "grad_norm": optax.tree.norm(grads)}
 

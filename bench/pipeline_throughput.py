@@ -1,0 +1,129 @@
+r"""Throughput, MFU, bubble and per-device memory of the pipelined inner step.
+
+  python bench/pipeline_throughput.py --stages=1,2,4 --microbatches=4,8,16 \
+      --layers=32 --d_model=3072 --heads=24 --head_dim=128 --mlp=8192 \
+      --batch=32 --seq=1024 --out=/tmp/pp.json          # 4 GPUs, ~3.7B
+  python bench/pipeline_throughput.py --stages=1,2 --microbatches=4,8 \
+      --devices=2 --plain_devices=1                     # 150M: 2 GPUs vs 1
+  python bench/pipeline_throughput.py --fake_devices=8 --stages=1,2,4 \
+      --microbatches=4,8 --layers=4 --d_model=64 --heads=2 --head_dim=32 \
+      --mlp=256 --vocab=1024 --seq=64 --batch=16 --steps=2 \
+      --warmup=1                                        # CPU smoke test
+
+For each S in --stages and M in --microbatches it times the framework's
+jitted inner step (`Runtime.inner_step`, the GPipe schedule of
+model/pipelined.py, config.pipeline.stages = S, microbatches = M) of
+--paths vmapped workers on the first --devices devices (mesh path x stage
+S x data: the rest), on random tokens already on the device. S = 1 is the
+plain step (M unused) on --plain_devices devices. The shape flags and the
+FLOPs/token of MFU are bench/step_throughput.py's; here MFU divides by the
+peak of all the devices used, so 2 GPUs at the same tokens/s as 1 halve it.
+
+Each row also has the bubble fraction (S-1)/(M+S-1), the bytes of the
+training state each device holds (its stage's layers with their AdamW and
+outer state, plus the replicated embedding and head), and the compiled
+step's per-device memory (arguments + temporaries, XLA's memory
+analysis). A row that does not fit reports its error and the next runs.
+Only GPipe is built; 1F1B and circular schedules are not.
+"""
+
+import argparse
+import json
+
+import jax
+import numpy as np
+
+from dipaco_jax import testing
+from dipaco_jax.parallel import mesh as mesh_lib
+import step_throughput  # bench/step_throughput.py (this folder is on sys.path)
+import timing  # bench/timing.py
+
+
+def _ints(text: str) -> list[int]:
+  return [int(x) for x in text.split(",") if x]
+
+
+def _state_bytes_per_device(state) -> int:
+  """Bytes of the state's shards on the first device (every device of a
+  stage holds as much; stages differ only if their layers do)."""
+  device = jax.devices()[0]
+  return sum(s.data.nbytes for leaf in jax.tree.leaves(state)
+             for s in leaf.addressable_shards if s.device == device)
+
+
+def bench_row(args, stages: int, microbatches: int, num_devices: int):
+  config = step_throughput.make_config(args, args.paths)
+  config.pipeline.stages = stages
+  config.pipeline.microbatches = microbatches if stages > 1 else 1
+  devices = jax.devices()[:num_devices]
+  runtime = testing.tiny_runtime(config, vocab_size=args.vocab,
+                                 devices=devices)
+  holder = {"state": runtime.init_state(jax.random.key(0))}
+  rng = np.random.default_rng(0)
+  batch = runtime.worker_rows(rng.integers(
+      0, args.vocab, (args.paths, args.batch, args.seq + 1)).astype(np.int32))
+  compiled = runtime.inner_step.jitted.lower(holder["state"], batch).compile()
+
+  def step():
+    holder["state"], metrics = runtime.inner_step(holder["state"], batch)
+    return metrics["loss"]
+
+  seconds = timing.seconds_per_call(step, args.steps, args.warmup)
+  fpt, params = step_throughput.flops_per_token(runtime, args.seq)
+  tokens_per_s = args.paths * args.batch * args.seq / seconds
+  row = {"stages": stages, "microbatches": config.pipeline.microbatches,
+         "devices": len(devices), "mesh": dict(runtime.mesh.shape),
+         "bubble_fraction": runtime.bubble_fraction,
+         "seconds_per_step": seconds, "tokens_per_s": tokens_per_s,
+         "mfu": tokens_per_s * fpt / (step_throughput.PEAK_FLOPS *
+                                      len(devices)),
+         "params_per_path": params,
+         "state_bytes_per_device": _state_bytes_per_device(holder["state"])}
+  memory = compiled.memory_analysis()
+  if memory is not None:
+    row["step_bytes_per_device"] = int(
+        memory.argument_size_in_bytes + memory.temp_size_in_bytes)
+    row["temp_bytes_per_device"] = int(memory.temp_size_in_bytes)
+  return row
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  step_throughput.add_shape_flags(p)
+  p.add_argument("--paths", type=int, default=1, help="workers vmapped")
+  p.add_argument("--stages", default="1,2", help="S values; 1 = plain step")
+  p.add_argument("--microbatches", default="4,8", help="M values (M >= S)")
+  p.add_argument("--devices", type=int, default=0, help="0: all")
+  p.add_argument("--plain_devices", type=int, default=0,
+                 help="devices of the S = 1 rows; 0: as --devices")
+  p.add_argument("--fake_devices", type=int, default=0,
+                 help="N CPU devices (before JAX starts; CPU only)")
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--out", default="")
+  args = p.parse_args()
+  mesh_lib.setup_fake_devices(args.fake_devices)
+  num_devices = args.devices or jax.device_count()
+  results = []
+  for stages in _ints(args.stages):
+    counts = [1] if stages == 1 else [m for m in _ints(args.microbatches)
+                                      if m >= stages]
+    for micro in counts:
+      devices = (args.plain_devices or num_devices) if stages == 1 else (
+          num_devices)
+      try:
+        row = bench_row(args, stages, micro, devices)
+      except Exception as e:  # pylint: disable=broad-except
+        # Out of memory (the point of the larger shapes) or a config that
+        # does not split: report it and go on with the next row.
+        row = {"stages": stages, "microbatches": micro, "devices": devices,
+               "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+      results.append(row)
+      print(json.dumps(row), flush=True)
+  summary = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+             "args": vars(args), "results": results}
+  timing.report(summary, args.out)
+
+
+if __name__ == "__main__":
+  main()
