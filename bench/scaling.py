@@ -42,7 +42,10 @@ def child(args):
   c.ckpt.every = 0
   for key, value in (kv.split("=", 1) for kv in args.set if kv):
     section, field = key.split(".")
-    c[section][field] = type(c[section][field])(value)
+    kind = type(c[section][field])
+    # bool("False") is True: booleans are spelled out.
+    c[section][field] = (value.lower() in ("1", "true") if kind is bool
+                         else kind(value))
   runtime = testing.tiny_runtime(c, vocab_size=c.data.vocab_size)
   w, b, l = runtime.global_batch_shape
   batches = testing.RandomBatches(w, b, l - 1, c.data.vocab_size)
