@@ -3,6 +3,8 @@
 #
 #   bash bench/islands_gpu.sh paths256 OUT   # one GPU: 256 paths, store I/O
 #   bash bench/islands_gpu.sh diloco2 OUT    # two GPUs: DiLoCo x2 islands
+#   bash bench/islands_gpu.sh diloco4 OUT    # four GPUs: DiLoCo x4 islands
+#   bash bench/islands_gpu.sh dipaco4 OUT    # four GPUs: DiPaCo 2x2 islands
 #
 # paths256: experiments/dipaco_2x2.py at 16x16 with a small model (4 layers
 #   of d_model 256, batch 4) through islands: one worker holding 32 paths a
@@ -15,11 +17,18 @@
 #   island run per arm of ARMS ("DELAY:H" words, default "none:100";
 #   one_round is DiLoCoX's overlap); then the store's throughput against
 #   dd; `python bench/islands_speedup.py OUT` makes the table.
-# Env: STEPS, ARMS, MAX_CHARS, EXTRA (more flags for every island run and
+# diloco4: the same with 4 replicas, 4 workers on 4 GPUs (issue 15).
+# dipaco4: experiments/dipaco_2x2.py, 4 workers holding one path each,
+#   against the SPMD run of the same config on one GPU (its 4 paths
+#   vmapped, and its dense baseline: one path's model alone).
+# ARMS words are DELAY:H or DELAY:H:K, K: kill -9 worker w1 K seconds
+# after the first heartbeat (the launcher restarts it; compare the wall
+# time with the same arm without K).
+# Env: STEPS, ARMS, MAX_CHARS, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
 # the SPMD run, e.g. the outer optimizer).
 # Writes OUT/<part>.log, OUT/*.json (results.json and islands stats).
 set -uo pipefail
-part=${1:?paths256|diloco2}; out=${2:?OUT}
+part=${1:?paths256|diloco2|diloco4|dipaco4}; out=${2:?OUT}
 mkdir -p "$out"; log="$out/$part.log"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -45,34 +54,64 @@ case $part in
     python3 bench/store_throughput.py --dir=/tmp/store_bench --mib=2048 \
       > "$out/store_throughput.json" 2>> "$log"
     cat "$out/store_throughput.json" >> "$log" ;;
-  diloco2)
-    a=/tmp/diloco_spmd1; b=/tmp/diloco_islands2; rm -rf $a $b
+  diloco2|diloco4|dipaco4)
+    # N worker processes, one GPU each (N = the part's last digit).
+    n=${part: -1}; a=/tmp/${part}_spmd1; b=/tmp/${part}_islands
+    if [[ $part == dipaco4 ]]; then  # 4 paths, one path per worker
+      cfg=experiments/dipaco_2x2.py; name=dipaco; run=dipaco
+      shape=(--paths_per_task=1)
+    else
+      cfg=experiments/dense.py; name=diloco; run=main
+      shape=(--config.paths.num_replicas=$n)
+    fi
     read -r -a extra <<< "${EXTRA:-}"
     steps=(--config.train.num_steps=${STEPS:-500} --config.base.num_steps=200
            "${extra[@]}")
-    CUDA_VISIBLE_DEVICES=0 python3 -m dipaco_jax.main \
-      --config=experiments/dense.py --workdir=$a "${corpus[@]}" "${steps[@]}" \
-      >> "$log" 2>&1
-    echo "exit spmd $?" >> "$log"
-    mkdir -p $b/runs && cp -r $a/data $b/ && cp -r $a/runs/base $b/runs/ \
-      && cp -r $a/shards $b/ 2>/dev/null
-    cp $a/results.json "$out/diloco_spmd1_results.json"
-    cp $a/runs/main/logs/train/metrics.jsonl "$out/diloco_spmd1_metrics.jsonl"
-    for arm in ${ARMS:-none:100}; do  # DELAY:H (H: inner steps per round)
-      delay=${arm%%:*}; h=${arm##*:}; tag=${delay}_h$h
-      rm -rf $b/islands $b/runs/main $b/results.json
-      python3 -m dipaco_jax.islands --config=experiments/dense.py \
-        --workdir=$b "${corpus[@]}" "${steps[@]}" \
-        --config.paths.num_replicas=2 --config.diloco.inner_steps=$h \
-        --config.diloco.delay=$delay \
-        --num_workers=2 --gpus_per_worker_machine=2 >> "$log" 2>&1
-      echo "exit islands $tag $?" >> "$log"
-      cp $b/results.json "$out/diloco_islands2_${tag}_results.json"
-      cp $b/islands/main/stats.json "$out/diloco_islands2_${tag}_stats.json"
-      cp $b/plots/islands_main.png "$out/diloco_islands2_${tag}_timeline.png"
+    if [[ -z "${SKIP_SPMD:-}" || ! -f $a/results.json ]]; then
+      rm -rf $a
+      CUDA_VISIBLE_DEVICES=0 python3 -m dipaco_jax.main \
+        --config=$cfg --workdir=$a "${corpus[@]}" "${steps[@]}" \
+        >> "$log" 2>&1
+      echo "exit spmd $?" >> "$log"
+    fi
+    rm -rf $b; mkdir -p $b/runs
+    cp -r $a/data $a/runs/base $b/ 2>/dev/null; mv $b/base $b/runs/
+    for d in shards router splits.json runs/dense; do
+      [[ -e $a/$d ]] && cp -r $a/$d $b/$d
     done
-    python3 bench/store_throughput.py --dir=/tmp/store_bench --mib=2048 \
-      > "$out/store_throughput.json" 2>> "$log"
-    cat "$out/store_throughput.json" >> "$log" ;;
+    cp $a/results.json "$out/${name}_spmd1_results.json"
+    cp $a/runs/$run/logs/train/metrics.jsonl "$out/${name}_spmd1_metrics.jsonl"
+    [[ $run == dipaco ]] && cp $a/runs/dense/logs/train/metrics.jsonl \
+      "$out/${name}_dense1_metrics.jsonl"
+    # ARMS: DELAY:H[:K] (H inner steps per round; K: kill -9 worker w1 K
+    # seconds after the workers' first heartbeat; the launcher restarts it).
+    for arm in ${ARMS:-none:100}; do
+      IFS=: read -r delay h kill <<< "$arm"
+      tag=${delay}_h$h${kill:+_kill$kill}
+      rm -rf $b/islands $b/runs/$run $b/results.json
+      python3 -m dipaco_jax.islands --config=$cfg \
+        --workdir=$b "${corpus[@]}" "${steps[@]}" "${shape[@]}" \
+        --config.diloco.inner_steps=$h --config.diloco.delay=$delay \
+        --num_workers=$n --gpus_per_worker_machine=$n >> "$log" 2>&1 &
+      job=$!
+      if [[ -n $kill ]]; then
+        for _ in $(seq 900); do
+          [[ -d $b/islands/$run/control/heartbeat ]] && break; sleep 0.2
+        done
+        sleep "$kill"
+        pkill -9 -f "dipaco_jax.islands.worker --store=$b/islands/$run --worker_id=w1" \
+          && echo "killed w1 at $(date +%s.%N)" | tee -a "$log" \
+          > "$out/${name}_islands${n}_${tag}_kill.txt"
+      fi
+      wait $job; echo "exit islands $tag $?" >> "$log"
+      cp $b/results.json "$out/${name}_islands${n}_${tag}_results.json"
+      cp $b/islands/$run/stats.json "$out/${name}_islands${n}_${tag}_stats.json"
+      cp $b/plots/islands_$run.png "$out/${name}_islands${n}_${tag}_timeline.png"
+    done
+    if [[ -z "${SKIP_STORE:-}" ]]; then
+      python3 bench/store_throughput.py --dir=/tmp/store_bench --mib=2048 \
+        > "$out/store_throughput.json" 2>> "$log"
+      cat "$out/store_throughput.json" >> "$log"
+    fi ;;
 esac
 tail -40 "$log"

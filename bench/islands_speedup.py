@@ -1,10 +1,10 @@
-r"""The 2-GPU island table of issue 10 from `bench/islands_gpu.sh diloco2`.
+r"""The island tables of issues 10 and 15 from `bench/islands_gpu.sh`.
 
   python bench/islands_speedup.py OUT
 
-Reads OUT/diloco_spmd1_metrics.jsonl (one replica on one GPU, SPMD) and
-OUT/diloco_islands2_{DELAY}_h{H}_{stats,results}.json (two worker
-processes, one GPU each) and prints, per island arm, the aggregate tokens/s
+Reads OUT/{diloco,dipaco}_spmd1_metrics.jsonl (the SPMD run on one GPU)
+and OUT/{diloco,dipaco}_islands{N}_{DELAY}_h{H}[_kill{K}]_{stats,results}.json
+(N worker processes, one GPU each) and prints, per island arm, the aggregate tokens/s
 after round 0 (launcher.task_stats: no compilation) against the SPMD run's
 steady tokens/s (the median of its progress rows after the first, which
 carries compilation), the share of the workers' wall time spent waiting
@@ -20,9 +20,10 @@ import statistics
 import sys
 
 
-def spmd_tokens_per_s(out: pathlib.Path) -> float:
+def spmd_tokens_per_s(out: pathlib.Path, name: str,
+                      run: str = "spmd1") -> float:
   rows = [json.loads(line) for line in
-          (out / "diloco_spmd1_metrics.jsonl").read_text().splitlines()]
+          (out / f"{name}_{run}_metrics.jsonl").read_text().splitlines()]
   return statistics.median(r["tokens_per_s"] for r in rows[1:])
 
 
@@ -46,29 +47,51 @@ def perplexity(results: dict) -> float:
   return next(iter(results["models"].values()))["perplexity"]
 
 
-def main():
-  out = pathlib.Path(sys.argv[1])
-  base = spmd_tokens_per_s(out)
+def train_wall_s(stats: dict) -> float:
+  """First task's start to the last task's end: the training stage."""
+  tasks = stats["tasks"]
+  return (max(t["start"] + t["seconds"] for t in tasks)
+          - min(t["start"] for t in tasks))
+
+
+def table(out: pathlib.Path, name: str) -> None:
+  base = spmd_tokens_per_s(out, name)
   spmd_ppl = perplexity(json.loads(
-      (out / "diloco_spmd1_results.json").read_text()))
-  print(f"SPMD, one replica on one GPU: {base:,.0f} tokens/s (median of "
-        f"progress rows), validation perplexity {spmd_ppl:.2f}\n")
-  print("| delay | H | aggregate tokens/s after round 0 | vs one GPU | "
-        "outer-step wait share | mean task phases (s) | perplexity |")
-  print("| --- | --- | --- | --- | --- | --- | --- |")
-  for path in sorted(out.glob("diloco_islands2_*_stats.json")):
-    delay, h = re.fullmatch(r"diloco_islands2_(\w+?)_h(\d+)_stats.json",
-                            path.name).groups()
+      (out / f"{name}_spmd1_results.json").read_text()))
+  print(f"{name}: SPMD on one GPU: {base:,.0f} tokens/s (median of "
+        f"progress rows), validation perplexity {spmd_ppl:.2f}")
+  dense = out / f"{name}_dense1_metrics.jsonl"
+  if dense.exists():  # DiPaCo's dense baseline: one path's model alone.
+    one_path = spmd_tokens_per_s(out, name, "dense1")
+    print(f"{name}: one path's model alone (the dense baseline run) on one "
+          f"GPU: {one_path:,.0f} tokens/s")
+  print("\n| workers | delay | H | kill | aggregate tokens/s after round 0 "
+        "| vs one GPU | training wall s | outer-step wait share | "
+        "mean task phases (s) | perplexity |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+  for path in sorted(out.glob(f"{name}_islands*_stats.json")):
+    n, delay, h, kill = re.fullmatch(
+        rf"{name}_islands(\d+)_(\w+?)_h(\d+)(?:_kill(\d+))?_stats.json",
+        path.name).groups()
     stats = json.loads(path.read_text())
     results = out / path.name.replace("_stats", "_results")
     ppl = (f"{perplexity(json.loads(results.read_text())):.2f}"
            if results.exists() else "n/a")
     tps = stats.get("tokens_per_s_after_round0")
     phases = stats.get("mean_phases_s") or {}
-    print(f"| {delay} | {h} | {tps:,.0f} | {tps / base:.2f}x | "
+    print(f"| {n} | {delay} | {h} | {f'w1 at +{kill} s' if kill else '-'} "
+          f"| {tps:,.0f} | {tps / base:.2f}x | {train_wall_s(stats):.1f} | "
           f"{wait_share(stats):.0%} | "
           + (", ".join(f"{k} {v:.2f}" for k, v in phases.items()) or "-")
           + f" | {ppl} |")
+  print()
+
+
+def main():
+  out = pathlib.Path(sys.argv[1])
+  for name in ("diloco", "dipaco"):
+    if (out / f"{name}_spmd1_metrics.jsonl").exists():
+      table(out, name)
 
 
 if __name__ == "__main__":

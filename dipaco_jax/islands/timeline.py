@@ -8,7 +8,10 @@ Delayed tasks (islands/delayed.py) record four phases each: `compute`
 (load and H inner steps; 0 when the round was trained ahead), `wait` (for
 the module version the round restarts from, and reading it), `next_round`
 (the next round trained ahead while this one's uploads run) and
-`upload_tail` (uploads still running after that). `plot` draws them per
+`upload_tail` (uploads still running after that); and two parts of
+`wait` for the record: `wait_drain` (the device finishing the steps the
+round queued: not idle) and `wait_version` (joining the version's
+prefetch, or reading it). `plot` draws them per
 worker on one time axis: with the outer step one round late and the
 uploads in the background, a round is about its compute.
 """
@@ -73,7 +76,10 @@ def mean_phases(run) -> dict | None:
           for t in tasks if "phases" in t]
   if not rows:
     return None
-  return {k: float(np.mean([r[k] for r in rows])) for k in PHASES}
+  # PHASES first, then any parts of them every row records.
+  keys = list(PHASES) + [k for k in rows[0] if k not in PHASES
+                         and all(k in r for r in rows)]
+  return {k: float(np.mean([r[k] for r in rows])) for k in keys}
 
 
 def plot(run, path) -> None:
