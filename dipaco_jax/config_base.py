@@ -179,11 +179,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.num_steps = 200  # Inner steps per worker.
   c.train.batch_size = 16  # Sequences per worker per step.
   c.train.log_every = 10
-  # Steps between a step's dispatch and reading its metrics (loss, grad
-  # norm) on the host; 1 reads each step's metrics while the next runs.
+  # Dispatches between one's dispatch and reading its metrics (loss, grad
+  # norm) on the host; 1 reads each one's metrics while the next runs.
   # Whether 2 helps small models on GPUs is not measured yet
   # (bench/scaling.py --set=train.metrics_lag=2).
   c.train.metrics_lag = 1
+  # Inner steps per jitted call (train/dispatch.py): > 1 pays the host's
+  # work per call once per that many steps (small models on GPUs).
+  c.train.steps_per_dispatch = 1
   c.train.eval_batch_size = 32
 
   # --- Checkpoints --------------------------------------------------------
@@ -274,24 +277,6 @@ def _validate_dense_scales(config) -> None:
             "a positive whole number of layers; use multiples such as 2,4.")
 
 
-def _validate_comm(config) -> None:
-  """Each slot's delay and compressor (per_slot included) are valid."""
-  # Imported here: they import jax, which config files need not.
-  from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
-  from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top
-  from dipaco_jax.diloco import compress  # pylint: disable=g-import-not-at-top
-  d = config.diloco
-  if d.compression_rank_min > d.compression_rank_max:
-    _fail("diloco.compression_rank_min", f"{d.compression_rank_min} must be "
-          f"<= diloco.compression_rank_max ({d.compression_rank_max}).")
-  slots = paths_lib.topology_from_config(config).slots
-  for name, slot_comm in comm_lib.comm_by_slot(config, slots).items():
-    try:
-      compress.make_codec(slot_comm.spec)
-    except ValueError as e:  # Only per_slot values can get here.
-      _fail("diloco.per_slot", f"slot {name}: {e}.")
-
-
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Checks every field and the cross-field constraints; raises ConfigError
   naming the field."""
@@ -349,13 +334,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
           "(e.g. 0.05), or turn them off (routing.discriminative_steps=0, "
           "eval.learned_reroute=False).")
   _validate_dense_scales(config)
-  _validate_comm(config)
+  # Imported here: they import jax, which config files need not.
+  from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top
+  comm_lib.check_config(config)
   if config.eval.early_stopping and multi_path and (
       config.eval.holdout_fraction == 0):
     _fail("eval.holdout_fraction", "per-path early stopping scores paths on "
           "held-out documents: set it > 0 (e.g. 0.05), or turn "
           "eval.early_stopping off.")
-  # Imported here: it imports jax, which config files need not.
   from dipaco_jax.model import pipelined  # pylint: disable=g-import-not-at-top
   pipelined.check_config(config)
   mesh = resolve_mesh_shape(config, num_devices)

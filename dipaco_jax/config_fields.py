@@ -100,6 +100,7 @@ _RANGES = (
     _Range("eval.reroute_every", _I, 0, why="0 = no re-routing"),
     _Range("eval.path_group", _I, 0, why="0 = one path per device"),
     _Range("train.metrics_lag", _I, 1),
+    _Range("train.steps_per_dispatch", _I, 1, why="1 = one step per call"),
     _Range("eval.holdout_fraction", _F, 0, 0.5,
            why="the share of training files held out for early stopping"),
     _Range("inner_opt.learning_rate", _F, 0, low_open=True,

@@ -50,20 +50,23 @@ def _experiment(tmp_path, shape="2x2", replicas=1, num_steps=6, h=2,
                                    shard_dir, manifest)
 
 
-def _spec(exp, paths_per_task):
+def _spec(exp, paths_per_task, steps_per_dispatch=1):
+  config = layout.config_to_json_dict(exp.config)
+  config["train"]["steps_per_dispatch"] = steps_per_dispatch
   return layout.RunSpec(
-      name=exp.name, config=layout.config_to_json_dict(exp.config),
+      name=exp.name, config=config,
       vocab_size=exp.data.vocab_size, shard_dir=str(exp.shard_dir),
       data_seed=exp.data_seed, hashes=exp.hashes,
       weights_W=[float(w) for w in exp.runtime.outer_weights_W],
       paths_per_task=paths_per_task)
 
 
-def _islands_in_process(exp, run, paths_per_task, forget=False):
+def _islands_in_process(exp, run, paths_per_task, forget=False,
+                        steps_per_dispatch=1):
   """Every task and outer step of the run, in order, in this process.
   With `forget`, the worker keeps nothing between tasks (as if each were
   another worker's): every round reads its inner state from the store."""
-  spec = _spec(exp, paths_per_task)
+  spec = _spec(exp, paths_per_task, steps_per_dispatch)
   launcher.write_version_zero(run, exp.runtime, None, exp.config.seed)
   spec.save(run)
   runner = worker_lib.TaskRunner(run, spec, layout.ByteMeter(run, "w"),
@@ -97,10 +100,14 @@ def spmd_run(tmp_path_factory):
   return exp, jax.device_get(exp.train().state["outer"]["params"])
 
 
-@pytest.mark.parametrize("paths_per_task", [4, 1])
-def test_islands_equal_the_spmd_runtime(spmd_run, tmp_path, paths_per_task):
+@pytest.mark.parametrize("paths_per_task,steps_per_dispatch",
+                         [(4, 1), (1, 1), (4, 2)])
+def test_islands_equal_the_spmd_runtime(spmd_run, tmp_path, paths_per_task,
+                                        steps_per_dispatch):
+  """(With 2 steps per dispatch, a worker's round of H = 2 is one call.)"""
   exp, spmd = spmd_run
-  bank = _islands_in_process(exp, tmp_path / "islands", paths_per_task)
+  bank = _islands_in_process(exp, tmp_path / "islands", paths_per_task,
+                             steps_per_dispatch=steps_per_dispatch)
   diff = _max_abs_diff(spmd, bank)
   # Not bit for bit: the per-module outer step is a program of its own
   # (other XLA fusions of the same float32 formulas), and one path per task

@@ -119,3 +119,22 @@ def all_plain(comms: dict[str, SlotComm]) -> bool:
 def max_delay(comms: dict[str, SlotComm]) -> int:
   """Rounds between handing a round over and applying it (0 or 1)."""
   return int(any(c.delayed for c in comms.values()))
+
+
+def check_config(config) -> None:
+  """Each slot's delay and compressor (per_slot included) are valid;
+  raises ConfigError naming the field (`config_base.validate`)."""
+  # Imported here: paths imports config_base, whose validate calls this.
+  from dipaco_jax import config_fields  # pylint: disable=g-import-not-at-top
+  from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
+  d = config.diloco
+  if d.compression_rank_min > d.compression_rank_max:
+    config_fields.fail(
+        "diloco.compression_rank_min", f"{d.compression_rank_min} must be "
+        f"<= diloco.compression_rank_max ({d.compression_rank_max}).")
+  slots = paths_lib.topology_from_config(config).slots
+  for name, slot_comm in comm_by_slot(config, slots).items():
+    try:
+      compress.make_codec(slot_comm.spec)
+    except ValueError as e:  # Only per_slot values can get here.
+      config_fields.fail("diloco.per_slot", f"slot {name}: {e}.")

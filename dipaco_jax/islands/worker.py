@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax.data import batches as batches_lib
+from dipaco_jax.data import prefetch
 from dipaco_jax.data import shards as shards_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import delayed
@@ -45,6 +46,7 @@ from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
+from dipaco_jax.train import dispatch
 from dipaco_jax.train import state as state_lib
 
 # Exit status of a worker whose task cannot succeed on a re-run (diverged,
@@ -251,16 +253,33 @@ class TaskRunner:
     return {w: float(l) for w, l in zip(task.group, loss_G)}
 
   def inner_steps(self, task: Task, runtime, state):
-    h = self.spec.inner_steps
+    """The round's H inner steps, `train.steps_per_dispatch` per call, the
+    batches built and placed by a prefetch thread (as the SPMD loop)."""
+    h, c = self.spec.inner_steps, runtime.config
     batches = self.batches(task.group)
+    first = task.round_index * h
+    dispatches = dispatch.plan(first, first + h, c.train.steps_per_dispatch,
+                               lambda done: False)
+
+    def device_batch(i):
+      step, n = dispatches[i]
+      rows = (batches.batch(step) if n == 1 else
+              np.stack([batches.batch(s) for s in range(step, step + n)]))
+      return n, runtime.worker_rows(rows)
+
     losses = []
-    for step in range(task.round_index * h, (task.round_index + 1) * h):
-      state, metrics = runtime.inner_step(
-          state, runtime.worker_rows(batches.batch(step)))
-      losses.append(metrics["loss"])
-      if self.slowdown_s:
-        time.sleep(self.slowdown_s)
-    losses_HxG = np.asarray(jax.device_get(jnp.stack(losses)))
+    with prefetch.Prefetcher(device_batch, 0, len(dispatches),
+                             c.data.prefetch) as batch_iter:
+      for _, (n, batch) in batch_iter:
+        if n == 1:
+          state, metrics = runtime.inner_step(state, batch)
+          losses.append(metrics["loss"][None])
+        else:
+          state, metrics = runtime.inner_k_steps(state, batch)
+          losses.append(metrics["loss"])
+        if self.slowdown_s:
+          time.sleep(self.slowdown_s * n)
+    losses_HxG = np.asarray(jax.device_get(jnp.concatenate(losses)))
     if not np.isfinite(losses_HxG).all():
       raise TaskFailed(
           f"non-finite loss in round {task.round_index} of workers "

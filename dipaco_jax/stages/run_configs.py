@@ -30,6 +30,10 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
   keep["train"] = {k: v for k, v in keep["train"].items()
                    if k not in ("log_every", "eval_batch_size",
                                 "metrics_lag")}
+  # Enters only when set (a scan of K steps may round differently), so
+  # runs from before it keep their hash.
+  if keep["train"].get("steps_per_dispatch") == 1:
+    del keep["train"]["steps_per_dispatch"]
   keep["data"] = {k: v for k, v in keep["data"].items()
                   if k not in data_not_hashed}
   # DiLoCoX's fields enter only when set: a plain DiLoCo/DiPaCo run keeps

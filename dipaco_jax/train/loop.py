@@ -16,6 +16,7 @@ import numpy as np
 from dipaco_jax.data import prefetch
 from dipaco_jax.parallel import multihost
 from dipaco_jax.train import checkpoint as ckpt_lib
+from dipaco_jax.train import dispatch
 from dipaco_jax.train import metrics as metrics_lib
 from dipaco_jax.train import sync as sync_lib
 
@@ -93,10 +94,11 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
       if runtime.pipeline else "")
   if latest is not None:
     print(f"[{name}] resuming from step {latest} in {run_dir}", flush=True)
-  # (step, metrics on device), read `metrics_lag` steps late: reading
-  # step s's metrics waits for the device to finish s, so with a lag of 1
-  # the host has one step's time to dispatch the next; a larger lag keeps
-  # more steps queued (bench/scaling.py --set=train.metrics_lag=2).
+  # (last step, steps, metrics on device) per dispatch, read
+  # `metrics_lag` dispatches late: reading a dispatch's metrics waits for
+  # the device to finish it, so with a lag of 1 the host has one
+  # dispatch's time to send the next; a larger lag keeps more queued
+  # (bench/scaling.py --set=train.metrics_lag=2).
   pending = collections.deque()
   last_losses = np.array([])
   window = []  # Losses since the last log line: logged as their mean.
@@ -104,9 +106,19 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   # it reads the same gathered losses and global norms).
   guard = metrics_lib.DivergenceGuard(sync_every, start, state)
 
-  def drain(step, device_metrics):
-    nonlocal last_losses
+  def drain(done, num_steps_run, device_metrics):
+    """The metrics of one dispatch: of step `done`, or [K, W] of the K
+    steps ending there."""
     host = multihost.to_host(device_metrics)
+    if num_steps_run == 1:
+      drain_step(done, host)
+      return
+    for i in range(num_steps_run):
+      drain_step(done - num_steps_run + 1 + i,
+                 {key: np.asarray(v)[i] for key, v in host.items()})
+
+  def drain_step(step, host):
+    nonlocal last_losses
     losses_W = np.asarray(host["loss"])
     guard.check_losses(step, losses_W)
     if guard.outer_step_at(step):
@@ -129,16 +141,33 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     for hook in hooks:
       hook(step, state, losses_W)
 
+  # Dispatches of `train.steps_per_dispatch` steps that end at every
+  # outer step and checkpoint (train/dispatch.py).
+  dispatches = dispatch.plan(
+      start, num_steps, c.train.steps_per_dispatch,
+      lambda done: bool(sync_every and done % sync_every == 0)
+      or ckpt.should_save(done, num_steps))
+  # Each process makes only the rows of the workers its devices hold.
+  local_batch = functools.partial(batches.batch,
+                                  streams=runtime.local_workers)
+
+  def device_batch(i):
+    """Dispatch i's batch, built and put on the devices by the prefetch
+    thread, off the loop's critical path."""
+    step, n = dispatches[i]
+    rows = (local_batch(step) if n == 1 else
+            np.stack([local_batch(s) for s in range(step, step + n)]))
+    return step, n, runtime.worker_rows(rows)
+
   try:
-    # Each process makes only the rows of the workers its devices hold.
-    local_batch = functools.partial(batches.batch,
-                                    streams=runtime.local_workers)
-    with prefetch.Prefetcher(local_batch, start, num_steps,
+    with prefetch.Prefetcher(device_batch, 0, len(dispatches),
                              c.data.prefetch) as batch_iter:
-      for step, batch in batch_iter:
-        state, device_metrics = runtime.inner_step(
-            state, runtime.worker_rows(batch))
-        done = step + 1
+      for _, (step, n, batch) in batch_iter:
+        if n == 1:
+          state, device_metrics = runtime.inner_step(state, batch)
+        else:
+          state, device_metrics = runtime.inner_k_steps(state, batch)
+        done = step + n
         if sync_every and done % sync_every == 0:
           state = _sync_round(sync, done // sync_every - 1, state)
           if "sent_bytes_W" in state["inner"]:
@@ -156,7 +185,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
                                               state)
           for fn in after_outer_step:
             fn(done, state)
-        pending.append((done, device_metrics))
+        pending.append((done, n, device_metrics))
         while len(pending) > c.train.metrics_lag:
           drain(*pending.popleft())
         if ckpt.should_save(done, num_steps):

@@ -12,10 +12,11 @@ With DiLoCoX's delay or compression set, both parts carry more (anchors,
 residuals, the round in flight: `diloco/comm_step.py`).
 
 `inner_step` is the per-worker AdamW step `jax.vmap`ped over workers (the
-mesh axis `path`); `outer_step(state, weights_W)` is the chain of
-`diloco.outer`, with the worker weights as an argument (a missing worker's
-weight 0 does not recompile). Both are jitted with explicit shardings and
-donate the state. The training loop reaches `outer_step` only through a
+mesh axis `path`), and `inner_k_steps` a scan of K of them over [K, W, B,
+L+1] batches (`train.steps_per_dispatch`); `outer_step(state, weights_W)`
+is the chain of `diloco.outer`, with the worker weights as an argument (a
+missing worker's weight 0 does not recompile). All are jitted with
+explicit shardings and donate the state. The training loop reaches `outer_step` only through a
 synchronizer (`train.sync`).
 """
 
@@ -93,6 +94,7 @@ class Runtime:
         jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(
             (s["inner"]["params"], s["outer"]["params"]))])))
     self.inner_step = self._jit_inner_step()
+    self.inner_k_steps = self._jit_inner_k_steps()
     self.outer_step = self._jit_outer_step()
     self.flush_step = self._jit_flush_step()
 
@@ -149,6 +151,9 @@ class Runtime:
         lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
         abstract, self.state_shardings)
     self.batch_sharding = mesh_lib.batch_sharding(self.mesh, self.rules)
+    # K steps' batches [K, W, B, L+1]: every device holds its rows of all K.
+    self.steps_batch_sharding = jax.sharding.NamedSharding(
+        self.mesh, jax.sharding.PartitionSpec(None, *self.batch_sharding.spec))
 
   def _add_comm_shardings(self, abstract, worker_vector, replicated):
     """Shardings of what DiLoCoX's communication adds to the state
@@ -242,19 +247,34 @@ class Runtime:
     return params, opt_state, {"loss": loss,
                                "grad_norm": optax.tree.norm(grads)}
 
-  def _jit_inner_step(self):
-    def step(state, batch_WxBxLp1):
-      params, opt_state, metrics = jax.vmap(
-          self._worker_step, spmd_axis_name=self._workers_spec[0])(
-              state["inner"]["params"], state["inner"]["opt_state"],
-              batch_WxBxLp1)
-      inner = dict(state["inner"], params=params, opt_state=opt_state)
-      return dict(state, inner=inner, step=state["step"] + 1), metrics
+  def _step(self, state, batch_WxBxLp1):
+    """One inner step of every worker."""
+    params, opt_state, metrics = jax.vmap(
+        self._worker_step, spmd_axis_name=self._workers_spec[0])(
+            state["inner"]["params"], state["inner"]["opt_state"],
+            batch_WxBxLp1)
+    inner = dict(state["inner"], params=params, opt_state=opt_state)
+    return dict(state, inner=inner, step=state["step"] + 1), metrics
 
+  def _jit_inner_step(self):
     metric_sharding = jax.sharding.NamedSharding(self.mesh,
                                                  self._workers_spec)
-    jitted = jax.jit(step, in_shardings=(self.state_shardings,
-                                         self.batch_sharding),
+    jitted = jax.jit(self._step, in_shardings=(self.state_shardings,
+                                               self.batch_sharding),
+                     out_shardings=(self.state_shardings, metric_sharding),
+                     donate_argnums=0)
+    return self._in_context(jitted)
+
+  def _jit_inner_k_steps(self):
+    """K inner steps in one call (`train.steps_per_dispatch`): a scan of
+    `_step` over batches [K, W, B, L+1]; metrics come back [K, W]."""
+    def steps(state, batches_KxWxBxLp1):
+      return jax.lax.scan(self._step, state, batches_KxWxBxLp1)
+
+    metric_sharding = jax.sharding.NamedSharding(
+        self.mesh, jax.sharding.PartitionSpec(None, *self._workers_spec))
+    jitted = jax.jit(steps, in_shardings=(self.state_shardings,
+                                          self.steps_batch_sharding),
                      out_shardings=(self.state_shardings, metric_sharding),
                      donate_argnums=0)
     return self._in_context(jitted)
@@ -326,9 +346,19 @@ class Runtime:
 
   def worker_rows(self, local_batch):
     """The global [W, B, L+1] batch from this process's streams
-    (`local_workers`, in that order): each device takes its own rows."""
+    (`local_workers`, in that order): each device takes its own rows. A
+    [K, len(local_workers), B, L+1] stack gives [K, W, B, L+1] (the
+    batches of `inner_k_steps`)."""
     position = {w: i for i, w in enumerate(self.local_workers)}
     num_workers = self.global_batch_shape[0]
+    if local_batch.ndim == 4:  # K steps: the same rows of every step.
+      def rows_of_steps(index):
+        streams = [position[w]
+                   for w in range(*index[1].indices(num_workers))]
+        return local_batch[index[0]][:, streams][:, :, index[2], index[3]]
+      return jax.make_array_from_callback(
+          (local_batch.shape[0],) + self.global_batch_shape,
+          self.steps_batch_sharding, rows_of_steps)
 
     def rows_of(index):
       streams = [position[w] for w in range(*index[0].indices(num_workers))]
