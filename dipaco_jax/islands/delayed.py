@@ -180,9 +180,11 @@ def _next_anchor(params, start, anchor):
                       params, start, anchor)
 
 
-def train(runner, task, program, outer=None) -> Trained:
+def train(runner, task, program, outer=None,
+          after_first_dispatch=None) -> Trained:
   """H inner steps of the group from its anchor (nothing written). `outer`
-  is a pass-through bank of the right shapes (None: made here)."""
+  is a pass-through bank of the right shapes (None: made here);
+  `after_first_dispatch()` runs once the device has steps queued."""
   t0 = time.monotonic()
   r, h = task.round_index, runner.spec.inner_steps
   runtime = program.runtime
@@ -199,7 +201,8 @@ def train(runner, task, program, outer=None) -> Trained:
       "outer": _copy(outer),
   }
   state = jax.device_put(state, runtime.state_shardings)
-  state, losses_HxG = runner.inner_steps(task, runtime, state)
+  state, losses_HxG = runner.inner_steps(task, runtime, state,
+                                         after_first_dispatch)
   return Trained(r, task.group, anchor, state["inner"]["params"],
                  state["inner"]["opt_state"], carry, state["outer"],
                  losses_HxG.mean(axis=0), time.monotonic() - t0)
@@ -233,9 +236,6 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
   # Compressed slots: their payloads, and what their codecs carry on.
   payloads, carry, _ = runner.wire.encode(
       _contributions(done.anchor, done.params), done.carry)
-  uploads = [_Thread(_write_contributions, runner, task, payloads,
-                     done.loss_G)]
-  uploads[0].start()
   t_version = time.monotonic()
   start = _version(runner, task, program)
   t_version = time.monotonic() - t_version
@@ -243,15 +243,26 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
   inner = {"opt": _copy(done.opt_state), "anchor": next_anchor}
   if carry:
     inner["wire"] = carry
-  uploads.append(_Thread(_write_inner, runner, task, inner))
-  uploads[1].start()
+  uploads = [_Thread(_write_contributions, runner, task, payloads,
+                     done.loss_G), _Thread(_write_inner, runner, task, inner)]
+
+  def start_uploads():
+    # Started once the next round's first steps are queued: the uploads'
+    # host work (copies, orbax's Python) then contends for the GIL with a
+    # dispatch loop that runs ahead of the device, not with the hand-over
+    # the device waits for.
+    for upload in uploads:
+      upload.start()
   runner.kept = (task.group, (r + 1) * h, next_anchor, done.opt_state,
                  carry)
   t_wait = time.monotonic()
   if r + 1 < runner.spec.num_rounds:
     following = type(task)(r + 1, task.group)
     runner.prefetch = _Prefetch(runner, following, program)
-    runner.speculated = train(runner, following, program, done.outer)
+    runner.speculated = train(runner, following, program, done.outer,
+                              after_first_dispatch=start_uploads)
+  else:
+    start_uploads()
   t_next = time.monotonic()
   for upload in uploads:
     upload.join()

@@ -252,9 +252,11 @@ class TaskRunner:
              f"{loss_G.mean():.4f}, {time.monotonic() - t0:.1f} s")
     return {w: float(l) for w, l in zip(task.group, loss_G)}
 
-  def inner_steps(self, task: Task, runtime, state):
+  def inner_steps(self, task: Task, runtime, state,
+                  after_first_dispatch=None):
     """The round's H inner steps, `train.steps_per_dispatch` per call, the
-    batches built and placed by a prefetch thread (as the SPMD loop)."""
+    batches built and placed by a prefetch thread (as the SPMD loop);
+    `after_first_dispatch()` is called once the first call is queued."""
     h, c = self.spec.inner_steps, runtime.config
     batches = self.batches(task.group)
     first = task.round_index * h
@@ -277,6 +279,9 @@ class TaskRunner:
         else:
           state, metrics = runtime.inner_k_steps(state, batch)
           losses.append(metrics["loss"])
+        if after_first_dispatch is not None:
+          after_first_dispatch()
+          after_first_dispatch = None
         if self.slowdown_s:
           time.sleep(self.slowdown_s * n)
     losses_HxG = np.asarray(jax.device_get(jnp.concatenate(losses)))
