@@ -14,6 +14,7 @@ whether vmapping paths helps when there is nothing to spread them over.
 
 import argparse
 import importlib.util
+import os
 import time
 
 import jax
@@ -30,6 +31,11 @@ import timing  # bench/timing.py
 
 
 def load_config(path):
+  """An experiment config file, by its path from here or from the repo
+  root (bench/scaling.py names `experiments/...`, whatever the cwd)."""
+  if not os.path.exists(path):
+    path = os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), path)
   spec = importlib.util.spec_from_file_location("bench_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

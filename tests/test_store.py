@@ -1,5 +1,6 @@
 """Per-module / per-worker orbax items, commit markers, early stopping."""
 
+import json
 import os
 import signal
 import subprocess
@@ -255,3 +256,27 @@ def test_early_stopping_keeps_the_committed_best(tmp_path, monkeypatch):
   resumed(5, _state(4.0, 9.0))  # Path 1 starts afresh; path 0 is kept.
   assert resumed.best["1"] == {"loss": 9.0, "step": 5}
   _assert_equal(resumed.best_params(1, like), {"x": np.array([9.0, 9.5])})
+
+
+def test_threads_of_one_process_write_one_file_at_once(tmp_path):
+  """A worker's heartbeat thread and its main thread both write its
+  heartbeat file: every write succeeds, the file is always whole, and no
+  temporary file is left (each write renames its own)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "hb.json"
+  errors = []
+
+  def writer(tag):
+    try:
+      for i in range(300):
+        atomic.write_json(path, {"tag": tag, "i": i})
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+  threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors, errors[0]
+  assert set(json.loads(path.read_text())) == {"tag", "i"}
+  assert [p.name for p in tmp_path.iterdir()] == ["hb.json"]

@@ -22,6 +22,7 @@ class Heartbeat:
                  "host": socket.gethostname(), "beat": 0, "task": None,
                  "done_seq": -1}
     self._lock = threading.Lock()
+    self._write_lock = threading.Lock()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -31,11 +32,14 @@ class Heartbeat:
     self.beat()
 
   def beat(self) -> None:
-    with self._lock:
-      self.info["beat"] += 1
-      self.info["time"] = time.time()
-      info = dict(self.info)
-    atomic.write_json(self.path, info, indent=None)
+    # One write at a time (the thread's beats and the worker's updates),
+    # so the file's counter never goes back.
+    with self._write_lock:
+      with self._lock:
+        self.info["beat"] += 1
+        self.info["time"] = time.time()
+        info = dict(self.info)
+      atomic.write_json(self.path, info, indent=None)
 
   def _loop(self):
     while not self._stop.wait(self.interval_s):

@@ -85,7 +85,7 @@ def done_path(run) -> epath.Path:
 
 def control_files(directory) -> list[epath.Path]:
   """The control files in `directory` (none if it is absent), without the
-  temporary files of writes in progress (`.NAME.json.tmp-PID`)."""
+  temporary files of writes in progress (`.NAME.json.tmp-PID-UNIQUE`)."""
   directory = epath.Path(directory)
   if not directory.exists():
     return []

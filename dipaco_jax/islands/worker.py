@@ -265,9 +265,8 @@ class TaskRunner:
 
     def device_batch(i):
       step, n = dispatches[i]
-      rows = (batches.batch(step) if n == 1 else
-              np.stack([batches.batch(s) for s in range(step, step + n)]))
-      return n, runtime.worker_rows(rows)
+      return n, runtime.worker_rows(dispatch.host_rows(batches.batch, step,
+                                                       n))
 
     losses = []
     with prefetch.Prefetcher(device_batch, 0, len(dispatches),

@@ -17,6 +17,7 @@ for real:
 import io
 import json
 import os
+import uuid
 
 from etils import epath
 import numpy as np
@@ -29,7 +30,10 @@ def _is_object_store(path: epath.Path) -> bool:
 
 
 def _temporary(path: epath.Path) -> epath.Path:
-  return path.parent / f".{path.name}.tmp-{os.getpid()}"
+  """A name of this write alone: two threads of one process writing the
+  same file each rename their own (a name per process let one thread's
+  rename take the other's file, and the other's rename then failed)."""
+  return path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
 
 
 def write_bytes(path, data: bytes) -> None:

@@ -16,6 +16,8 @@ a dispatch of K would; only these two sizes are ever compiled.
 
 from typing import Callable
 
+import numpy as np
+
 
 def plan(start: int, stop: int, k: int,
          acts_after: Callable[[int], bool]) -> list[tuple[int, int]]:
@@ -38,3 +40,12 @@ def plan(start: int, stop: int, k: int,
     out.append((step, n))
     step += n
   return out
+
+
+def host_rows(batch_of_step: Callable[[int], np.ndarray], step: int,
+              n: int) -> np.ndarray:
+  """A dispatch's batch on the host: step `step`'s alone when n == 1, else
+  the [n, ...] stack of steps step .. step + n - 1."""
+  if n == 1:
+    return batch_of_step(step)
+  return np.stack([batch_of_step(s) for s in range(step, step + n)])

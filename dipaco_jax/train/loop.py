@@ -155,9 +155,8 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     """Dispatch i's batch, built and put on the devices by the prefetch
     thread, off the loop's critical path."""
     step, n = dispatches[i]
-    rows = (local_batch(step) if n == 1 else
-            np.stack([local_batch(s) for s in range(step, step + n)]))
-    return step, n, runtime.worker_rows(rows)
+    return step, n, runtime.worker_rows(dispatch.host_rows(local_batch, step,
+                                                           n))
 
   try:
     with prefetch.Prefetcher(device_batch, 0, len(dispatches),
