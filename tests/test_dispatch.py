@@ -57,12 +57,13 @@ def _losses(run_dir):
 
 def _train(tmp_path, name, k, hooks=()):
   # Rounds end at 4, 8, 12; a checkpoint at 6 (mid-round) and 12.
-  config = testing.tiny_config("2x2", inner_steps=4, num_steps=12)
+  # DiLoCo x2 (2 workers, each data-parallel over 4 of the 8 devices).
+  config = testing.tiny_config("1", replicas=2, inner_steps=4, num_steps=12)
   config.train.log_every = 1
   config.ckpt.every = 6
   config.train.steps_per_dispatch = k
   return loop.train(testing.tiny_runtime(config),
-                    testing.RandomBatches(4, 8, config.data.seq_len),
+                    testing.RandomBatches(2, 8, config.data.seq_len),
                     str(tmp_path / name), {}, name, hooks=hooks)
 
 
