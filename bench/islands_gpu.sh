@@ -26,7 +26,9 @@
 # time with the same arm without K).
 # Env: STEPS, ARMS, MAX_CHARS, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
 # the SPMD run, e.g. the outer optimizer).
-# Writes OUT/<part>.log, OUT/*.json (results.json and islands stats).
+# Writes OUT/<part>.log, OUT/*.json (results.json and islands stats), each
+# island arm's role logs as a .tgz. The device tool returns only a few
+# files from $OUT: run it on a folder and tar that into $OUT.
 set -uo pipefail
 part=${1:?paths256|diloco2|diloco4|dipaco4}; out=${2:?OUT}
 mkdir -p "$out"; log="$out/$part.log"
@@ -107,6 +109,8 @@ case $part in
       cp $b/results.json "$out/${name}_islands${n}_${tag}_results.json"
       cp $b/islands/$run/stats.json "$out/${name}_islands${n}_${tag}_stats.json"
       cp $b/plots/islands_$run.png "$out/${name}_islands${n}_${tag}_timeline.png"
+      # The roles' own logs (a worker's traceback lives only there).
+      tar czf "$out/${name}_islands${n}_${tag}_logs.tgz" -C $b/islands/$run logs
     done
     if [[ -z "${SKIP_STORE:-}" ]]; then
       python3 bench/store_throughput.py --dir=/tmp/store_bench --mib=2048 \
