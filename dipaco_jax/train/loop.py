@@ -44,10 +44,11 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     hashes: what the checkpoint must match on resume.
     name: shown in progress lines.
     init_bank: start from these modules instead of a random init.
-    hooks: callables `hook(step, state, losses_W)` run after each step's
-      metrics arrive (`train.metrics_lag` steps late, so they never stall
-      the device; the state passed is the newest one, which may be that
-      many steps ahead).
+    hooks: callables `hook(step, state, losses_W)` run for every step, in
+      order, once its metrics arrive (`train.metrics_lag` dispatches late,
+      so they never stall the device; the state passed is the newest one,
+      which may be that many dispatches of `train.steps_per_dispatch`
+      steps ahead).
     after_outer_step: callables `fn(step, state)` run right after each outer
       step (e.g. per-path early stopping).
     synchronizer: where outer steps come from (`train.sync`); by default
