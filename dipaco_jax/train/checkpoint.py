@@ -123,7 +123,13 @@ class Checkpointer:
       self._pending = (step, digests)
     else:
       self._write_checksums(step, digests)
-    items = {name: ocp.args.StandardSave(state[name]) for name in STATE_ITEMS}
+    # In a single process orbax saves that same host copy: the state goes
+    # to the host once per save, not twice (each copy held the training
+    # loop, BUILD_NOTES "Scaling"). Several processes save their own
+    # shards of the device arrays (the host copy is gathered, whole).
+    source = host if jax.process_count() == 1 else state
+    items = {name: ocp.args.StandardSave(source[name])
+             for name in STATE_ITEMS}
     self.manager.save(step, args=ocp.args.Composite(
         meta=ocp.args.JsonSave(meta), **items))
     if not self._async:
