@@ -32,25 +32,13 @@ def get_config(arm: str = "pipelined"):
   if arm not in _ARMS:
     raise ValueError(f"experiments/pipeline.py:{arm}: the arm must be one "
                      f"of {', '.join(_ARMS)}.")
-  c = config_base.base_config()
-  c.data.max_corpus_chars = 3_000_000
-  c.data.validation_fraction = 0.1
-  c.data.max_doc_chars = 3000
-  c.data.vocab_size = 1024
-  c.data.seq_len = 128
-  c.model.num_layers = 4
-  c.model.d_model = 64
-  c.model.num_heads = 2
-  c.model.head_dim = 32
-  c.model.mlp_dim = 256
-  c.model.dtype = "float32"  # CPUs have no fast bfloat16 matmuls.
+  # The quickstart's corpus and CPU-sized model, as DiLoCo x2 from scratch.
+  c = config_base.load_experiment("quickstart.py", relative_to=__file__)
   c.paths.shape = "1"
   c.paths.num_replicas = 2
   c.routing.features = "token_embedding"  # No router: iid replica shards.
-  c.diloco.inner_steps = 50
+  c.base.num_steps = 0
   c.train.num_steps = 200
-  c.train.batch_size = 8
-  c.train.log_every = 25
   c.ckpt.every = 100
   if arm == "pipelined":
     c.pipeline.stages = 2

@@ -230,9 +230,6 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
   if done is None or (done.round_index, done.group) != (r, task.group):
     done = train(runner, task, program)
   t_compute = time.monotonic()
-  # Not idle time: the device finishing the steps the round queued.
-  jax.block_until_ready(done.params)
-  t_drained = time.monotonic()
   # Compressed slots: their payloads, and what their codecs carry on.
   payloads, carry, _ = runner.wire.encode(
       _contributions(done.anchor, done.params), done.carry)
@@ -270,6 +267,6 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
   phases = {"compute": t_compute - t0, "wait": t_wait - t_compute,
             "next_round": t_next - t_wait,
             "upload_tail": time.monotonic() - t_next,
-            # Parts of `wait`, for the record (not drawn).
-            "wait_drain": t_drained - t_compute, "wait_version": t_version}
+            # Part of `wait`, for the record (not drawn).
+            "wait_version": t_version}
   return {w: float(l) for w, l in zip(task.group, done.loss_G)}, phases

@@ -8,9 +8,8 @@ Delayed tasks (islands/delayed.py) record four phases each: `compute`
 (load and H inner steps; 0 when the round was trained ahead), `wait` (for
 the module version the round restarts from, and reading it), `next_round`
 (the next round trained ahead while this one's uploads run) and
-`upload_tail` (uploads still running after that); and two parts of
-`wait` for the record: `wait_drain` (the device finishing the steps the
-round queued: not idle) and `wait_version` (joining the version's
+`upload_tail` (uploads still running after that); and, for the record,
+the part of `wait` spent on the version (`wait_version`: joining its
 prefetch, or reading it). `plot` draws them per
 worker on one time axis: with the outer step one round late and the
 uploads in the background, a round is about its compute.

@@ -272,18 +272,17 @@ class TaskRunner:
     with prefetch.Prefetcher(device_batch, 0, len(dispatches),
                              c.data.prefetch) as batch_iter:
       for _, (n, batch) in batch_iter:
-        if n == 1:
-          state, metrics = runtime.inner_step(state, batch)
-          losses.append(metrics["loss"][None])
-        else:
-          state, metrics = runtime.inner_k_steps(state, batch)
-          losses.append(metrics["loss"])
+        step_fn = runtime.inner_step if n == 1 else runtime.inner_k_steps
+        state, metrics = step_fn(state, batch)
+        losses.append(metrics["loss"])  # [G], or [n, G]
         if after_first_dispatch is not None:
           after_first_dispatch()
           after_first_dispatch = None
         if self.slowdown_s:
           time.sleep(self.slowdown_s * n)
-    losses_HxG = np.asarray(jax.device_get(jnp.concatenate(losses)))
+    # Read once the round is queued: no host sync between its steps.
+    losses_HxG = np.concatenate([np.asarray(x).reshape(-1, x.shape[-1])
+                                 for x in jax.device_get(losses)])
     if not np.isfinite(losses_HxG).all():
       raise TaskFailed(
           f"non-finite loss in round {task.round_index} of workers "
