@@ -2,7 +2,7 @@ r"""Throughput, MFU, bubble and per-device memory of the pipelined inner step.
 
   python bench/pipeline_throughput.py --stages=1,2,4 --microbatches=4,8,16 \
       --layers=32 --d_model=3072 --heads=24 --head_dim=128 --mlp=8192 \
-      --batch=32 --seq=1024 --out=/tmp/pp.json          # 4 GPUs, ~3.7B
+      --batch=32 --seq=1024 --remat=full --out=/tmp/pp.json  # 4 GPUs, 3.7B
   python bench/pipeline_throughput.py --stages=1,2 --microbatches=4,8 \
       --devices=2 --plain_devices=1                     # 150M: 2 GPUs vs 1
   python bench/pipeline_throughput.py --fake_devices=8 --stages=1,2,4 \
@@ -23,12 +23,16 @@ Each row also has the bubble fraction (S-1)/(M+S-1), the bytes of the
 training state each device holds (its stage's layers with their AdamW and
 outer state, plus the replicated embedding and head), and the compiled
 step's per-device memory (arguments + temporaries, XLA's memory
-analysis). A row that does not fit reports its error and the next runs.
+analysis). Each row runs in a process of its own (`--row_timeout`
+seconds): a row that does not fit, or that XLA aborts, reports its error
+and the next starts on empty devices.
 Only GPipe is built; 1F1B and circular schedules are not.
 """
 
 import argparse
 import json
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -87,6 +91,38 @@ def bench_row(args, stages: int, microbatches: int, num_devices: int):
   return row
 
 
+def _device_facts(fake_devices: int) -> dict:
+  """Device count and kind and the jax version, from a child process."""
+  code = ("import json, jax; from dipaco_jax.parallel import mesh; "
+          f"mesh.setup_fake_devices({fake_devices}); "
+          "print(json.dumps({'count': jax.device_count(), 'kind': "
+          "jax.devices()[0].device_kind, 'jax': jax.__version__}))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, check=True, timeout=120).stdout
+  return json.loads(out.strip().splitlines()[-1])
+
+
+def _run_row_in_child(stages: int, micro: int, devices: int,
+                      timeout: int) -> dict:
+  """One row in a process of its own: an out-of-memory error or an XLA
+  abort (a collective that never rendezvouses when one device's thread
+  fails) then costs only that row, and every row starts on empty devices."""
+  base = {"stages": stages, "microbatches": micro, "devices": devices}
+  cmd = [sys.executable, __file__] + [a for a in sys.argv[1:]
+                                      if not a.startswith("--out")] + [
+      f"--row={stages},{micro},{devices}"]
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return dict(base, error=f"timed out after {timeout} s")
+  rows = [x for x in proc.stdout.splitlines() if x.startswith("ROW ")]
+  if rows:
+    return json.loads(rows[-1][len("ROW "):])
+  tail = [x for x in proc.stderr.splitlines() if x.strip()][-3:]
+  return dict(base, error=f"exit {proc.returncode}: " + " | ".join(tail))
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   step_throughput.add_shape_flags(p)
@@ -100,10 +136,27 @@ def main():
                  help="N CPU devices (before JAX starts; CPU only)")
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--row_timeout", type=int, default=300,
+                 help="seconds for one row's process")
+  p.add_argument("--row", default="", help=argparse.SUPPRESS)
   p.add_argument("--out", default="")
   args = p.parse_args()
-  mesh_lib.setup_fake_devices(args.fake_devices)
-  num_devices = args.devices or jax.device_count()
+  if args.row:  # A child: one row, printed for the parent.
+    mesh_lib.setup_fake_devices(args.fake_devices)
+    stages, micro, devices = _ints(args.row)
+    try:
+      row = bench_row(args, stages, micro, devices)
+    except Exception as e:  # pylint: disable=broad-except
+      # Out of memory (the point of the larger shapes) or a config that
+      # does not split: reported as the row's result.
+      row = {"stages": stages, "microbatches": micro, "devices": devices,
+             "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+    print("ROW " + json.dumps(row), flush=True)
+    return
+  # The parent never starts JAX on the GPUs: it would hold their memory
+  # (XLA preallocates) while the children run.
+  facts = _device_facts(args.fake_devices)
+  num_devices = args.devices or facts["count"]
   results = []
   for stages in _ints(args.stages):
     counts = [1] if stages == 1 else [m for m in _ints(args.microbatches)
@@ -111,16 +164,10 @@ def main():
     for micro in counts:
       devices = (args.plain_devices or num_devices) if stages == 1 else (
           num_devices)
-      try:
-        row = bench_row(args, stages, micro, devices)
-      except Exception as e:  # pylint: disable=broad-except
-        # Out of memory (the point of the larger shapes) or a config that
-        # does not split: report it and go on with the next row.
-        row = {"stages": stages, "microbatches": micro, "devices": devices,
-               "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+      row = _run_row_in_child(stages, micro, devices, args.row_timeout)
       results.append(row)
       print(json.dumps(row), flush=True)
-  summary = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+  summary = {"device": facts["kind"], "jax": facts["jax"],
              "args": vars(args), "results": results}
   timing.report(summary, args.out)
 

@@ -57,14 +57,23 @@ def child(args):
   loop_tps = float(np.median([r["tokens_per_s"] for r in rows[1:]]))
   # The bare step on a device-resident batch: no host work in between.
   state = runtime.init_state(jax.random.key(0))
-  batch = runtime.worker_rows(batches.batch(0, runtime.local_workers))
+  # With train.steps_per_dispatch = K > 1 the bare figure is one K-step
+  # dispatch (the scan the loop runs) divided by K.
+  k = c.train.steps_per_dispatch
+  one = batches.batch(0, runtime.local_workers)
   holder = {"s": state}
+  if k > 1:
+    batch = runtime.worker_rows(np.stack([one] * k))
+    run = runtime.inner_k_steps
+  else:
+    batch = runtime.worker_rows(one)
+    run = runtime.inner_step
 
   def step():
-    holder["s"], m = runtime.inner_step(holder["s"], batch)
+    holder["s"], m = run(holder["s"], batch)
     return m["loss"]
 
-  seconds = timing.seconds_per_call(step, 50, warmup=3)
+  seconds = timing.seconds_per_call(step, max(50 // k, 5), warmup=3) / k
   tokens_per_step = w * b * (l - 1)
   print("RESULT " + json.dumps({
       "config": args.config, "devices": jax.device_count(),
@@ -73,7 +82,8 @@ def child(args):
       "bare_step_tokens_per_s": tokens_per_step / seconds,
       "bare_step_ms": seconds * 1e3,
       "loop_step_ms": tokens_per_step / loop_tps * 1e3,
-      "wall_s": wall, "set": args.set}), flush=True)
+      "steps_per_dispatch": k, "wall_s": wall, "set": args.set}),
+        flush=True)
 
 
 def parent(args):
