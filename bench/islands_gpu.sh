@@ -24,7 +24,10 @@
 # ARMS words are DELAY:H or DELAY:H:K, K: kill -9 worker w1 K seconds
 # after the first heartbeat (the launcher restarts it; compare the wall
 # time with the same arm without K).
-# Env: STEPS, ARMS, MAX_CHARS, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
+# An arm named twice runs twice (the second's files end in _rep2).
+# DETERMINISTIC=1 adds --xla_gpu_deterministic_ops=true to XLA_FLAGS (every
+# run of the call), to tell GPU non-determinism from a resume that differs.
+# Env: STEPS, ARMS, DETERMINISTIC, MAX_CHARS, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
 # the SPMD run, e.g. the outer optimizer).
 # Writes OUT/<part>.log, OUT/*.json (results.json and islands stats), each
 # island arm's role logs as a .tgz. The device tool returns only a few
@@ -33,6 +36,8 @@ set -uo pipefail
 part=${1:?paths256|diloco2|diloco4|dipaco4}; out=${2:?OUT}
 mkdir -p "$out"; log="$out/$part.log"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+[[ -n "${DETERMINISTIC:-}" ]] && \
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"
 sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 corpus=(--config.data.corpus=text_files "--config.data.text_glob=$sp/**/*.py"
         --config.data.max_corpus_chars=${MAX_CHARS:-40000000})
@@ -90,6 +95,11 @@ case $part in
     for arm in ${ARMS:-none:100}; do
       IFS=: read -r delay h kill <<< "$arm"
       tag=${delay}_h$h${kill:+_kill$kill}
+      # An arm named twice runs twice (is the calm run reproducible?).
+      rep=1; base_tag=$tag
+      while [[ -e "$out/${name}_islands${n}_${tag}_stats.json" ]]; do
+        rep=$((rep + 1)); tag=${base_tag}_rep$rep
+      done
       rm -rf $b/islands $b/runs/$run $b/results.json
       python3 -m dipaco_jax.islands --config=$cfg \
         --workdir=$b "${corpus[@]}" "${steps[@]}" "${shape[@]}" \
