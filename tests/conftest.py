@@ -1,11 +1,36 @@
 """Test setup: 8 fake CPU devices before JAX starts; implicit rank
-promotion is an error, so a broadcast that only works by accident fails."""
+promotion is an error, so a broadcast that only works by accident fails.
 
+One persistent compilation cache for the whole session: the tests build
+the same tiny programs over and over (a fresh Runtime per run jits anew, a
+resumed run and its uninterrupted twin, the job's processes and island
+roles started by the tests), and on a 2-core CPU compiling them is most of
+the suite's time. An identical program (same HLO, devices, options and
+flags: JAX's cache key) runs the very executable a fresh compile gives, so
+no number changes. The directory is handed on through the environment, so
+the xdist workers and every process a test starts share it; the process
+that made it removes it at exit."""
+
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _CACHE_DIR = tempfile.mkdtemp(prefix="dipaco_jax_tests_xla_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
+  atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+# Every program, however quick to compile (the default keeps only those
+# over 1 s).
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # pylint: disable=g-import-not-at-top
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# Also where a plugin imported JAX before this file set the environment.
+jax.config.update("jax_compilation_cache_dir",
+                  os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", float(
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))

@@ -65,10 +65,16 @@ class Chaos(threading.Thread):
 
 def _train(tmp_path, name, chaos_plan=()):
   exp = test_islands._experiment(tmp_path / name, num_steps=16)
+  # Two executors for the five modules (dealt round robin, so each steps
+  # several): three processes fewer to start (and to import JAX) per run.
   options = launcher.IslandOptions(num_workers=2, fake_devices=1,
-                                   heartbeat_s=0.5, lease_timeout_s=4.0)
+                                   num_executors=2, heartbeat_s=0.5,
+                                   lease_timeout_s=4.0)
   run = pathlib.Path(exp.run_dir).parent.parent / "islands" / exp.name
-  chaos = Chaos(run, chaos_plan, every_s=4.0)
+  # A kill about every 2 s: the five land within ~11 s of the first beat,
+  # well before the end even though a restarted role finds its programs in
+  # the session's compilation cache (conftest.py) and is back in seconds.
+  chaos = Chaos(run, chaos_plan, every_s=2.0)
   chaos.start()
   try:
     result = launcher.train_experiment(exp, options)
