@@ -108,9 +108,9 @@ def _run_row_in_child(stages: int, micro: int, devices: int,
   abort (a collective that never rendezvouses when one device's thread
   fails) then costs only that row, and every row starts on empty devices."""
   base = {"stages": stages, "microbatches": micro, "devices": devices}
-  cmd = [sys.executable, __file__] + [a for a in sys.argv[1:]
-                                      if not a.startswith("--out")] + [
-      f"--row={stages},{micro},{devices}"]
+  # The child gets the parent's flags (it writes no --out: it only prints).
+  cmd = [sys.executable, __file__, *sys.argv[1:],
+         f"--row={stages},{micro},{devices}"]
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True,
                           timeout=timeout)

@@ -9,7 +9,8 @@ own training loop (`train.loop.train`) on random token batches for
 `--steps` steps, checkpointing only at the end. The figure is the median of
 the loop's own tokens/s between log points after the first (compilation
 and warm-up excluded), i.e. what the progress line shows a user. The child
-also times the bare jitted inner step on a batch already on the devices:
+also times the bare jitted inner step on a batch already on the devices
+(with `--set=train.steps_per_dispatch=K`, one K-step dispatch over K):
 the gap between the two is what the host costs per step.
 
 Ratios compare each config against its own 1-GPU figure in the same call.
