@@ -76,6 +76,18 @@ _NO_ZSTD = ({"use_compression": False} if "use_compression" in
             inspect.signature(ocp.PyTreeCheckpointHandler).parameters else {})
 
 
+# Arrays are written in chunks of at most this many bytes, one file (or
+# object) each: tensorstore reads and writes the chunks of an array in
+# parallel, where one file per array is copied by one thread (a 512 MiB
+# read went from 0.8 to 1.2 GB/s on 2 cores; BUILD_NOTES "store
+# throughput"). Small arrays stay one chunk.
+CHUNK_BYTES = 8 << 20
+
+
+def _chunked(_) -> ocp.SaveArgs:
+  return ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES)
+
+
 def _shapes(tree) -> dict[str, list[int]]:
   return {jax.tree_util.keystr(k): [int(d) for d in np.shape(x)]
           for k, x in jax.tree_util.tree_leaves_with_path(tree)}
@@ -143,7 +155,8 @@ def save_tree(directory, tree, meta: dict | None = None, *,
     multihost.barrier(f"store_clean:{directory}")
   with link.transfer(_nbytes(tree)), _checkpointer(collective) as (
       checkpointer):
-    checkpointer.save(directory / ITEM, args=ocp.args.PyTreeSave(tree))
+    checkpointer.save(directory / ITEM, args=ocp.args.PyTreeSave(
+        tree, save_args=jax.tree.map(_chunked, tree)))
   if writes:
     atomic.commit(directory, {"meta": meta or {}, "leaves": _shapes(tree),
                               "bytes": _nbytes(tree)})
