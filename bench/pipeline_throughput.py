@@ -1,8 +1,9 @@
 r"""Throughput, MFU, bubble and per-device memory of the pipelined inner step.
 
-  python bench/pipeline_throughput.py --stages=1,2,4 --microbatches=4,8,16 \
-      --layers=32 --d_model=3072 --heads=24 --head_dim=128 --mlp=8192 \
-      --batch=32 --seq=1024 --remat=full --out=/tmp/pp.json  # 4 GPUs, 3.7B
+  python bench/pipeline_throughput.py --stages=2,4,1 --microbatches=8,16 \
+      --shape=1x1 --schedules=gpipe,circular --layers=32 --d_model=3072 \
+      --heads=24 --head_dim=128 --mlp=8192 --batch=32 --seq=1024 \
+      --remat=full --out=/tmp/pp.json                   # 4 GPUs, 3.8B
   python bench/pipeline_throughput.py --stages=1,2 --microbatches=4,8 \
       --devices=2 --plain_devices=1                     # 150M: 2 GPUs vs 1
   python bench/pipeline_throughput.py --fake_devices=8 --stages=1,2,4 \
@@ -10,16 +11,18 @@ r"""Throughput, MFU, bubble and per-device memory of the pipelined inner step.
       --mlp=256 --vocab=1024 --seq=64 --batch=16 --steps=2 \
       --warmup=1                                        # CPU smoke test
 
-For each S in --stages and M in --microbatches it times the framework's
-jitted inner step (`Runtime.inner_step`, the GPipe schedule of
-model/pipelined.py, config.pipeline.stages = S, microbatches = M) of
+For each S in --stages, M in --microbatches and schedule in --schedules
+it times the framework's jitted inner step (`Runtime.inner_step`, the
+schedules of model/pipelined.py, config.pipeline.stages = S,
+microbatches = M, schedule) of
 --paths vmapped workers on the first --devices devices (mesh path x stage
 S x data: the rest), on random tokens already on the device. S = 1 is the
 plain step (M unused) on --plain_devices devices. The shape flags and the
 FLOPs/token of MFU are bench/step_throughput.py's; here MFU divides by the
 peak of all the devices used, so 2 GPUs at the same tokens/s as 1 halve it.
 
-Each row also has the bubble fraction (S-1)/(M+S-1), the bytes of the
+Each row also has the bubble fraction ((S-1)/(M+S-1) for GPipe,
+(S-1)/(G M+S-1) for the circular schedule over G segments), the bytes of the
 training state each device holds (its stage's layers with their AdamW and
 outer state, plus the replicated embedding and head), and the compiled
 step's per-device memory (arguments + temporaries, XLA's memory
@@ -28,10 +31,11 @@ seconds): a row that does not fit, or that XLA aborts, reports its error
 and the next starts on empty devices; a failed row keeps XLA's first fatal
 line. `--first_collective_timeout` raises XLA's 40 s limit on the devices'
 first collective, which aborted the 4-stage 3.8B row on 4 H100s.
-Only GPipe is built; 1F1B and circular schedules are not.
+1F1B is not built (it changes memory, not the bubble).
 """
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -59,10 +63,13 @@ def _state_bytes_per_device(state) -> int:
              for s in leaf.addressable_shards if s.device == device)
 
 
-def bench_row(args, stages: int, microbatches: int, num_devices: int):
+def bench_row(args, stages: int, microbatches: int, num_devices: int,
+              schedule: str):
   config = step_throughput.make_config(args, args.paths)
+  config.paths.shape = args.shape
   config.pipeline.stages = stages
   config.pipeline.microbatches = microbatches if stages > 1 else 1
+  config.pipeline.schedule = schedule
   devices = jax.devices()[:num_devices]
   runtime = testing.tiny_runtime(config, vocab_size=args.vocab,
                                  devices=devices)
@@ -80,6 +87,7 @@ def bench_row(args, stages: int, microbatches: int, num_devices: int):
   fpt, params = step_throughput.flops_per_token(runtime, args.seq)
   tokens_per_s = args.paths * args.batch * args.seq / seconds
   row = {"stages": stages, "microbatches": config.pipeline.microbatches,
+         "schedule": schedule if stages > 1 else "-",
          "devices": len(devices), "mesh": dict(runtime.mesh.shape),
          "bubble_fraction": runtime.bubble_fraction,
          "seconds_per_step": seconds, "tokens_per_s": tokens_per_s,
@@ -109,15 +117,16 @@ def _device_facts(fake_devices: int) -> dict:
 _REASON = re.compile(r"^F\d{4} |Check failed|RESOURCE_EXHAUSTED|Error:")
 
 
-def _run_row_in_child(stages: int, micro: int, devices: int, timeout: int,
-                      first_collective_s: int) -> dict:
+def _run_row_in_child(stages: int, micro: int, devices: int, schedule: str,
+                      timeout: int, first_collective_s: int) -> dict:
   """One row in a process of its own: an out-of-memory error or an XLA
   abort (a collective that never rendezvouses when one device's thread
   fails) then costs only that row, and every row starts on empty devices."""
-  base = {"stages": stages, "microbatches": micro, "devices": devices}
+  base = {"stages": stages, "microbatches": micro, "devices": devices,
+          "schedule": schedule}
   # The child gets the parent's flags (it writes no --out: it only prints).
   cmd = [sys.executable, __file__, *sys.argv[1:],
-         f"--row={stages},{micro},{devices}"]
+         f"--row={stages},{micro},{devices},{schedule}"]
   env = dict(os.environ)
   if first_collective_s:
     # XLA aborts a process whose devices do not all reach their first
@@ -162,18 +171,25 @@ def main():
                  help="seconds XLA waits for every device's first "
                  "collective before aborting (its default: 40); 0 keeps "
                  "XLA's")
+  p.add_argument("--schedules", default="gpipe",
+                 help="pipeline.schedule values: gpipe, circular")
+  p.add_argument("--shape", default="1",
+                 help="paths.shape of the one path: 1x1 makes two layer "
+                 "segments, which the circular schedule runs as one lap each")
   p.add_argument("--row", default="", help=argparse.SUPPRESS)
   p.add_argument("--out", default="")
   args = p.parse_args()
   if args.row:  # A child: one row, printed for the parent.
     mesh_lib.setup_fake_devices(args.fake_devices)
-    stages, micro, devices = _ints(args.row)
+    *numbers, schedule = args.row.split(",")
+    stages, micro, devices = (int(x) for x in numbers)
     try:
-      row = bench_row(args, stages, micro, devices)
+      row = bench_row(args, stages, micro, devices, schedule)
     except Exception as e:  # pylint: disable=broad-except
       # Out of memory (the point of the larger shapes) or a config that
       # does not split: reported as the row's result.
       row = {"stages": stages, "microbatches": micro, "devices": devices,
+             "schedule": schedule,
              "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
     print("ROW " + json.dumps(row), flush=True)
     return
@@ -185,11 +201,12 @@ def main():
   for stages in _ints(args.stages):
     counts = [1] if stages == 1 else [m for m in _ints(args.microbatches)
                                       if m >= stages]
-    for micro in counts:
+    schedules = ["gpipe"] if stages == 1 else args.schedules.split(",")
+    for micro, schedule in itertools.product(counts, schedules):
       devices = (args.plain_devices or num_devices) if stages == 1 else (
           num_devices)
-      row = _run_row_in_child(stages, micro, devices, args.row_timeout,
-                              args.first_collective_timeout)
+      row = _run_row_in_child(stages, micro, devices, schedule,
+                              args.row_timeout, args.first_collective_timeout)
       results.append(row)
       print(json.dumps(row), flush=True)
   summary = {"device": facts["kind"], "jax": facts["jax"],

@@ -196,11 +196,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.ckpt.async_save = True
 
   # --- Pipeline stages inside a worker (model/pipelined.py) --------------
-  # GPipe over each layer segment, stage s holding its s-th n/S layers; only
-  # the inner step is pipelined. Bubble: (S-1)/(M+S-1) of a step.
+  # Stage s holds the s-th n/S layers of every layer segment; only the inner
+  # step is pipelined. Bubble: (S-1)/(M+S-1) of a step (gpipe).
   c.pipeline = ml_collections.ConfigDict()
   c.pipeline.stages = 1  # S; 1 = no pipeline (the plain step, exactly).
   c.pipeline.microbatches = 1  # M >= S; each is train.batch_size / M rows.
+  # gpipe: each layer segment (slot) its own pipeline; circular: all G
+  # segments in one, microbatches going round G times (equal segments;
+  # bubble (S-1)/(G M + S-1)).
+  c.pipeline.schedule = "gpipe"
 
   # --- Mesh: path x stage x data x fsdp x tensor; one -1 takes the rest --
   c.mesh = ml_collections.ConfigDict()

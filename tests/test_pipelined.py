@@ -98,6 +98,34 @@ def test_four_stage_path_equals_the_plain_path():
     assert leaf.addressable_shards[0].data.shape[1] == 1, key
 
 
+@pytest.mark.parametrize("layers,stages,micro,bubble", [
+    (4, 2, 4, 1 / 9),  # M > S: microbatches wait M - S ticks between laps.
+    (8, 4, 4, 3 / 11),  # M = S: each goes round again at once.
+])
+def test_circular_schedule_equals_the_plain_path(layers, stages, micro,
+                                                 bubble):
+  # One path of two equal segments (shape 1x1): the circular schedule runs
+  # both in one pipeline, each microbatch going round the stages twice;
+  # the bubble is (S-1)/(G M + S-1) against GPipe's (S-1)/(M + S-1).
+  def config(stages, micro):
+    c = _config("1x1", stages, micro, inner_steps=2, num_steps=4)
+    c.model.num_layers = layers
+    c.pipeline.schedule = "circular"
+    return c
+  plain = testing.tiny_runtime(config(1, 1), devices=jax.devices()[:2])
+  start = jax.device_get(plain.init_state(jax.random.key(0)))
+  want_state, want_losses = _run_steps(plain, 4)
+  runtime = testing.tiny_runtime(config(stages, micro),
+                                 devices=jax.devices()[:2 * stages])
+  assert runtime.pipeline.segments == 2
+  assert runtime.bubble_fraction == pytest.approx(bubble)
+  assert "circular over 2 segments" in runtime.pipeline.describe()
+  _start_like(runtime, start)
+  got_state, got_losses = _run_steps(runtime, 4)
+  np.testing.assert_allclose(got_losses, want_losses, **_LOSS_TOL)
+  _assert_states_close(want_state, got_state)
+
+
 def _logged_losses(run_dir):
   rows = metrics_lib.read_jsonl(run_dir / "logs" / "train" / "metrics.jsonl")
   return {r["step"]: r["last_loss"] for r in rows}  # The last row wins.
@@ -159,6 +187,11 @@ def test_two_stage_paths_match_plain_and_resume_mid_round(tmp_path):
     ({"pipeline.stages": 1, "mesh.stage": 2}, "mesh.stage"),  # no pipeline
     ({"model.scan_layers": False}, "model.scan_layers"),
     ({"pipeline.stages": 0}, "pipeline.stages"),
+    ({"pipeline.schedule": "1f1b"}, "pipeline.schedule"),
+    # Circular laps need segments of one length (here 2 and 4 layers).
+    ({"pipeline.schedule": "circular", "paths.shape": "1x1",
+      "model.num_layers": 6, "paths.layers_per_level": "2,4"},
+     "pipeline.schedule"),
 ])
 def test_pipeline_config_errors_name_the_field(overrides, field):
   config = run_configs.derive_config(_config("1", 2, 2, 0, 8), **overrides)
@@ -172,5 +205,11 @@ def test_pipeline_fields_enter_the_hash_only_when_used():
   unused = run_configs.derive_config(config, **{
       "pipeline.microbatches": 4, "mesh.stage": 1})
   assert run_configs.training_hash(unused) == plain
+  two_stages = run_configs.derive_config(config, **{"pipeline.stages": 2})
+  assert run_configs.training_hash(two_stages) != plain
+  # The schedule field came later: a GPipe run keeps its earlier hash.
+  gpipe = dict(run_configs.training_fields(two_stages)["pipeline"])
+  assert "schedule" not in gpipe
   assert run_configs.training_hash(run_configs.derive_config(
-      config, **{"pipeline.stages": 2})) != plain
+      two_stages, **{"pipeline.schedule": "circular"})) != (
+          run_configs.training_hash(two_stages))

@@ -1,4 +1,4 @@
-"""GPipe pipeline stages inside one worker: a layer segment split over S stages.
+"""Pipeline stages inside one worker (GPipe, circular): segments over S stages.
 
 A layer segment (a bank slot's `LayerStack`, parameters stacked [n, ...] on
 the logical axis `layers`) runs as S stages of n/S consecutive layers: its
@@ -33,9 +33,17 @@ whole path would: a segment of n layers idles (S-1) ticks of n/S layers,
 (S-1) N/S layer-times over all N layers, the same (S-1)/(M+S-1) of a
 step. What it costs is G (M+S-1) shorter ticks instead of M+S-1, each
 with its own hand-off, and each segment's output returning from stage
-S-1 to stage 0. A circular schedule, which sends microbatch 0 on into the
-next segment while later ones finish this one, would cut the bubble to
-about (S-1)/(G M + S-1); not built.
+S-1 to stage 0.
+
+The circular schedule (`config.pipeline.schedule = "circular"`, `circular`
+below) runs the G segments as one pipeline that microbatches go around G
+times: stage s holds the s-th share of every segment already, so when
+microbatch m leaves stage S-1 after segment g it re-enters stage 0 for
+segment g+1 while later microbatches still finish segment g. One fill and
+one drain per step instead of G: G M + S - 1 ticks, a bubble of
+(S-1)/(G M + S-1) (the interleaved schedule of Narayanan et al. 2021,
+"Efficient Large-Scale Language Model Training on GPU Clusters", with the
+segments as its virtual stages). It needs segments of equal length.
 
 The embedding and the head stay outside the pipeline, their parameters
 (and optimizer states) replicated over `stage`. The embedding runs on the
@@ -57,15 +65,23 @@ from dipaco_jax import paths as paths_lib
 _fail = config_fields.fail
 
 
+SCHEDULES = ("gpipe", "circular")
+
+
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-  """Static shape of a GPipe schedule (hashable, closed over by jit)."""
+  """Static shape of a pipeline schedule (hashable, closed over by jit)."""
   stages: int
   microbatches: int
+  kind: str = "gpipe"  # One of SCHEDULES.
+  segments: int = 1  # G: the path's layer segments (circular laps).
 
   @property
   def ticks(self) -> int:
-    return self.microbatches + self.stages - 1
+    """Ticks of one pipeline: per segment for GPipe, per step for the
+    circular schedule (every segment in one pipeline)."""
+    laps = self.segments if self.kind == "circular" else 1
+    return laps * self.microbatches + self.stages - 1
 
   @property
   def bubble_fraction(self) -> float:
@@ -73,14 +89,19 @@ class Schedule:
     return (self.stages - 1) / self.ticks
 
   def describe(self) -> str:
+    laps = (f", circular over {self.segments} segments"
+            if self.kind == "circular" else "")
     return (f"pipeline {self.stages} stages x {self.microbatches} "
-            f"microbatches, bubble {self.bubble_fraction:.1%}")
+            f"microbatches{laps}, bubble {self.bubble_fraction:.1%}")
 
 
 def schedule_of(config) -> Schedule | None:
   """The training step's schedule from `config.pipeline`; None = off."""
   p = config.pipeline
-  return Schedule(p.stages, p.microbatches) if p.stages > 1 else None
+  if p.stages == 1:
+    return None
+  segments = len(paths_lib.topology_from_config(config).layer_slots)
+  return Schedule(p.stages, p.microbatches, p.schedule, segments)
 
 
 def bubble_fraction(config) -> float:
@@ -103,6 +124,15 @@ def check_config(config) -> None:
             f"{len(slot.layers)} layers of slot {slot.name} evenly; pick a "
             "divisor of every segment's layer count (paths.layers_per_level, "
             "paths.private_layers).")
+  if config.pipeline.schedule not in SCHEDULES:
+    _fail("pipeline.schedule", f"{config.pipeline.schedule!r} is not one of "
+          f"{', '.join(SCHEDULES)}.")
+  lengths = {len(slot.layers) for slot in
+             paths_lib.topology_from_config(config).layer_slots}
+  if config.pipeline.schedule == "circular" and len(lengths) > 1:
+    _fail("pipeline.schedule", "circular needs layer segments of one "
+          f"length (here {sorted(lengths)} layers): make "
+          "paths.layers_per_level equal, or use gpipe.")
   if micro < stages:
     _fail("pipeline.microbatches", f"{micro} must be >= pipeline.stages="
           f"{stages}, else no tick keeps every stage busy; use {stages} or more "
@@ -187,6 +217,7 @@ def spread_over_stages(x_BxLxD):
 # stage's activations sit on the devices that hold its layers.
 _BUFFER_AXES = ("layers", "batch", "length", "act_embed")
 _MICRO_AXES = (None, "batch", "length", "act_embed")
+_LAPS_AXES = ("layers", None, "batch", "length", "act_embed")
 
 
 def gpipe(stage_fn, stage_params, x_BxLxD, schedule: Schedule):
@@ -233,4 +264,83 @@ def gpipe(stage_fn, stage_params, x_BxLxD, schedule: Schedule):
   _, last_TxbxLxD = jax.lax.scan(tick, buffer_SxbxLxD, feed_TxbxLxD)
   # Stage S-1 finishes microbatch m at tick m + S - 1.
   out_MxbxLxD = _constrain(last_TxbxLxD[S - 1:], _MICRO_AXES)
+  return out_MxbxLxD.swapaxes(0, 1).reshape(x_BxLxD.shape)
+
+
+def circular(stage_fn, segment_params, x_BxLxD, schedule: Schedule):
+  """Runs the G segments as one circular pipeline (see the module doc).
+
+  Args:
+    stage_fn: one stage's layers, (params [n/S, ...], x [b, L, D]) -> x;
+      every segment's stage has this form (segments of equal length).
+    segment_params: G trees of leaves [S, n/S, ...] (`split_stages`), in
+      depth order.
+    x_BxLxD: the first segment's input; B divisible by the microbatches.
+    schedule: stages and microbatches (M >= S).
+
+  Returns:
+    The last segment's output [B, L, D], rows in the input's order: what
+    the G GPipe pipelines in turn give, with one fill and one drain.
+  """
+  S, M, G = schedule.stages, schedule.microbatches, len(segment_params)
+  B = x_BxLxD.shape[0]
+  if B % M:
+    raise ValueError(f"batch {B} does not split into {M} microbatches.")
+  if M < S:
+    raise ValueError(f"{M} microbatches < {S} stages: a microbatch would "
+                     "come back to stage 0 before stage 0 is free.")
+  b = B // M
+  rest = x_BxLxD.shape[1:]
+  x_MxbxLxD = _constrain(x_BxLxD.reshape((b, M) + rest).swapaxes(0, 1),
+                         _MICRO_AXES)
+  # Leaves [S, G, n/S, ...]: each stage's share of every segment, local to
+  # its devices (a copy of the layer parameters per step: the price of
+  # indexing the segment per stage and tick).
+  params_SxG = jax.tree.map(lambda *p: jnp.stack(p, axis=1),
+                            *segment_params)
+
+  def one_stage(params_G, segment, x_bxLxD):
+    mine = jax.tree.map(
+        lambda p: jax.lax.dynamic_index_in_dim(p, segment, 0, False),
+        params_G)
+    return stage_fn(mine, x_bxLxD)
+
+  run_stages = jax.vmap(one_stage, spmd_axis_name=_stage_mesh_axis())
+  stage_S = jnp.arange(S)
+  first_S = (stage_S == 0).reshape((S,) + (1,) * (1 + len(rest)))
+
+  def tick(carry, t):
+    buffer_SxbxLxD, laps_SxMxbxLxD = carry
+    rolled_SxbxLxD = jnp.roll(buffer_SxbxLxD, 1, axis=0)
+    # Row 0 now holds stage S-1's output of the last tick, microbatch
+    # (t - S) mod M after some segment: kept for its next lap (in row 0 of
+    # the laps buffer; every stage writes its own row, so nothing moves).
+    # Before tick S the rows written are zeros, overwritten by the real
+    # output before any read, since M >= S.
+    laps_SxMxbxLxD = jax.lax.dynamic_update_index_in_dim(
+        laps_SxMxbxLxD, rolled_SxbxLxD, (t - S) % M, 1)
+    # Stage 0 works on microbatch t mod M: fresh in the first lap, else
+    # back from stage S-1 (written this tick or M - S ticks ago).
+    fresh_bxLxD = jax.lax.dynamic_index_in_dim(x_MxbxLxD, t % M, 0, False)
+    lapped_SxbxLxD = jax.lax.dynamic_index_in_dim(laps_SxMxbxLxD, t % M, 1,
+                                                  False)
+    into_first_SxbxLxD = jnp.where(t < M, fresh_bxLxD[None], lapped_SxbxLxD)
+    shifted_SxbxLxD = _constrain(
+        jnp.where(first_S, into_first_SxbxLxD, rolled_SxbxLxD), _BUFFER_AXES)
+    # Stage s is on lap (t - s) // M: that segment's share of its layers.
+    # Outside [0, G) it idles on whatever it holds; the result is dropped.
+    segment_S = jnp.clip((t - stage_S) // M, 0, G - 1)
+    out_SxbxLxD = _constrain(run_stages(params_SxG, segment_S,
+                                        shifted_SxbxLxD), _BUFFER_AXES)
+    return (out_SxbxLxD, laps_SxMxbxLxD), out_SxbxLxD[S - 1]
+
+  buffer_SxbxLxD = _constrain(jnp.zeros((S, b) + rest, x_BxLxD.dtype),
+                              _BUFFER_AXES)
+  laps_SxMxbxLxD = _constrain(jnp.zeros((S, M, b) + rest, x_BxLxD.dtype),
+                              _LAPS_AXES)
+  ticks = G * M + S - 1
+  _, last_TxbxLxD = jax.lax.scan(tick, (buffer_SxbxLxD, laps_SxMxbxLxD),
+                                 jnp.arange(ticks))
+  # Microbatch m leaves its last lap from stage S-1 at tick (G-1) M + m + S-1.
+  out_MxbxLxD = _constrain(last_TxbxLxD[(G - 1) * M + S - 1:], _MICRO_AXES)
   return out_MxbxLxD.swapaxes(0, 1).reshape(x_BxLxD.shape)

@@ -123,22 +123,29 @@ class PathTransformer(nn.Module):
   def hidden_states(self, tokens_BxL):
     """The last block's output (before the final norm): routing features."""
     x_BxLxD = self.embed_head.embed(tokens_BxL)
-    for (name, n), stack in zip(self.segments, self.stacks):
-      if self.pipeline is None or self.is_initializing():
+    if self.pipeline is None or self.is_initializing():
+      for stack in self.stacks:
         x_BxLxD = stack(x_BxLxD)
-        continue
-      # Each stage is a plain LayerStack of n/S layers; detached
-      # (parent=None) so that it is applied to its slice of this slot's
-      # parameters instead of becoming a submodule with its own.
-      stage = LayerStack(self.dims, n // self.pipeline.stages, parent=None)
-      stage_fn = lambda p, x, stage=stage: stage.apply({"params": p}, x)
-      x_BxLxD = pipelined.gpipe(
-          stage_fn, pipelined.split_stages(self.variables["params"][name],
-                                           self.pipeline.stages),
-          x_BxLxD, self.pipeline)
-    if self.pipeline is not None:
-      x_BxLxD = pipelined.spread_over_stages(x_BxLxD)
-    return x_BxLxD
+      return x_BxLxD
+    split = [pipelined.split_stages(self.variables["params"][name],
+                                    self.pipeline.stages)
+             for name, _ in self.segments]
+    if self.pipeline.kind == "circular":  # Segments of one length.
+      x_BxLxD = pipelined.circular(self._stage_fn(self.segments[0][1]),
+                                   split, x_BxLxD, self.pipeline)
+    else:
+      for (_, n), params in zip(self.segments, split):
+        x_BxLxD = pipelined.gpipe(self._stage_fn(n), params, x_BxLxD,
+                                  self.pipeline)
+    return pipelined.spread_over_stages(x_BxLxD)
+
+  def _stage_fn(self, segment_layers: int):
+    """One stage of a segment: a plain LayerStack of n/S layers, detached
+    (parent=None) so that it is applied to its slice of a slot's parameters
+    instead of becoming a submodule with its own."""
+    stage = LayerStack(self.dims, segment_layers // self.pipeline.stages,
+                       parent=None)
+    return lambda p, x: stage.apply({"params": p}, x)
 
   def __call__(self, tokens_BxL):
     return self.embed_head.logits(self.hidden_states(tokens_BxL))

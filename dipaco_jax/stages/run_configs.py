@@ -57,6 +57,9 @@ def _drop_unused_stage_axis(keep: dict, config) -> None:
   stage_axis = config.mesh.stage or config.pipeline.stages
   if config.pipeline.stages == 1:
     keep.pop("pipeline", None)
+  elif config.pipeline.schedule == "gpipe":  # Hashed as before it existed.
+    keep["pipeline"] = {k: v for k, v in keep["pipeline"].items()
+                        if k != "schedule"}
   if stage_axis != 1:
     return
   keep["mesh"] = {k: v for k, v in keep["mesh"].items() if k != "stage"}
