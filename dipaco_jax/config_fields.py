@@ -151,6 +151,8 @@ _BOOL_FIELDS = (
 _CHOICES = {
     "data.corpus": ("python_stdlib", "text_files", "c4"),
     "model.dtype": ("bfloat16", "float32"),
+    "train.grad_dtype": ("float32", "bfloat16"),
+    "pipeline.schedule": ("gpipe", "circular"),
     "model.attention": ("auto", "xla", "cudnn"),
     "model.remat": ("none", "full", "dots"),
     "routing.method": ("product_kmeans", "kmeans"),

@@ -240,7 +240,17 @@ class Runtime:
   def _worker_step(self, params, opt_state, batch_BxLp1):
     loss_fn = functools.partial(next_token_loss, self.train_model,
                                 loss_chunk=self.config.model.loss_chunk)
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch_BxLp1)
+    grad_dtype = jnp.dtype(self.config.train.grad_dtype)
+    if grad_dtype == jnp.float32:
+      loss, grads = jax.value_and_grad(loss_fn)(params, batch_BxLp1)
+    else:
+      # The gradient with respect to low-precision copies is low-precision
+      # from the matmuls on, so the all-reduce over the data axes (which
+      # XLA places where the batch's partial sums meet) moves half the
+      # bytes; AdamW gets it back in float32.
+      lowp = jax.tree.map(lambda p: p.astype(grad_dtype), params)
+      loss, grads = jax.value_and_grad(loss_fn)(lowp, batch_BxLp1)
+      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     with jax.named_scope("optimizer"):  # Names its ops in profiles.
       updates, opt_state = self.inner_tx.update(grads, opt_state, params)
       params = optax.apply_updates(params, updates)
