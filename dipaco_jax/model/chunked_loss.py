@@ -4,7 +4,7 @@ At the paper's path shape the head's output is the step's largest tensor:
 [B, L, V] logits (16 x 1024 x 32000), kept in float32 for the softmax and
 again for its gradient. `mean_cross_entropy` never holds it: it splits the
 sequence into chunks of C positions and, for each, makes the chunk's logits,
-their cross-entropy (optax's, as the unchunked loss) and drops them. Each
+their cross-entropy (`cross_entropy`, as the unchunked loss) and drops them. Each
 chunk is a `jax.checkpoint`, so the backward pass recomputes the chunk's
 logits from the normed hidden states instead of keeping them: the head's
 forward matmul runs twice (2 x D x V more FLOPs per token, about 6% of the
@@ -25,7 +25,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
+
+from dipaco_jax.model import cross_entropy
 
 # Sits in the op names of the loss's trace events (bench/step_profile.py).
 SCOPE = "output_layer_loss"
@@ -55,8 +56,7 @@ def head_logits(normed_BxLxD, weight, dims):
 def _loss_sum(weight, normed_BxCxD, targets_BxC, dims):
   """Summed cross-entropy of one chunk (its logits live only in here)."""
   logits_BxCxV = head_logits(normed_BxCxD, weight, dims)
-  return optax.softmax_cross_entropy_with_integer_labels(
-      logits_BxCxV.astype(jnp.float32), targets_BxC).sum()
+  return cross_entropy.summed_cross_entropy(logits_BxCxV, targets_BxC)
 
 
 def mean_cross_entropy(normed_BxLxD, weight, targets_BxL, dims,

@@ -36,6 +36,7 @@ from dipaco_jax.diloco import inner as inner_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.model import bank as bank_lib
 from dipaco_jax.model import chunked_loss
+from dipaco_jax.model import cross_entropy
 from dipaco_jax.model import layers
 from dipaco_jax.model import pipelined
 from dipaco_jax.model import transformer
@@ -54,8 +55,7 @@ def next_token_loss(model, params, batch_BxLp1, loss_chunk: int = 0):
                                            model.dims, loss_chunk)
   logits_BxLxV = model.apply({"params": params}, inputs_BxL)
   with jax.named_scope(chunked_loss.SCOPE):
-    return optax.softmax_cross_entropy_with_integer_labels(
-        logits_BxLxV.astype(jnp.float32), targets_BxL).mean()
+    return cross_entropy.mean_cross_entropy(logits_BxLxV, targets_BxL)
 
 
 @dataclasses.dataclass
