@@ -1,14 +1,15 @@
 """The LM head's logits, and the next-token loss computed chunk by chunk.
 
 At the paper's path shape the head's output is the step's largest tensor:
-[B, L, V] logits (16 x 1024 x 32000), kept in float32 for the softmax and
-again for its gradient. `mean_cross_entropy` never holds it: it splits the
+[B, L, V] logits (16 x 1024 x 32000), kept for the backward pass and made
+again as their gradient. `mean_cross_entropy` never holds it: it splits the
 sequence into chunks of C positions and, for each, makes the chunk's logits,
-their cross-entropy (`cross_entropy`, as the unchunked loss) and drops them. Each
-chunk is a `jax.checkpoint`, so the backward pass recomputes the chunk's
-logits from the normed hidden states instead of keeping them: the head's
-forward matmul runs twice (2 x D x V more FLOPs per token, about 6% of the
-step at the path shape), for memory that no longer grows with L x V.
+their cross-entropy (`model/cross_entropy.py`, as the unchunked loss) and
+drops them. Each chunk is a `jax.checkpoint`, so the backward pass
+recomputes the chunk's logits from the normed hidden states instead of
+keeping them: the head's forward matmul runs twice (2 x D x V more FLOPs
+per token, about 6% of the step at the path shape), for memory that no
+longer grows with L x V.
 
 Chunks run over the sequence axis, not over flattened tokens, so that the
 batch axis keeps its sharding (`batch` over data/fsdp) inside every chunk.

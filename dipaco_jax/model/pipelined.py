@@ -315,8 +315,9 @@ def circular(stage_fn, segment_params, x_BxLxD, schedule: Schedule):
     # Row 0 now holds stage S-1's output of the last tick, microbatch
     # (t - S) mod M after some segment: kept for its next lap (in row 0 of
     # the laps buffer; every stage writes its own row, so nothing moves).
-    # Before tick S the rows written are zeros, overwritten by the real
-    # output before any read, since M >= S.
+    # Before tick S what arrives is the fill's junk (stage S-1 ran on
+    # zeros); it lands in rows M-S .. M-1, each overwritten by its
+    # microbatch's real output before stage 0 reads it, since M >= S.
     laps_SxMxbxLxD = jax.lax.dynamic_update_index_in_dim(
         laps_SxMxbxLxD, rolled_SxbxLxD, (t - S) % M, 1)
     # Stage 0 works on microbatch t mod M: fresh in the first lap, else

@@ -78,9 +78,9 @@ _NO_ZSTD = ({"use_compression": False} if "use_compression" in
 
 # Arrays are written in chunks of at most this many bytes, one file (or
 # object) each: tensorstore reads and writes the chunks of an array in
-# parallel, where one file per array is copied by one thread (a 512 MiB
-# read went from 0.8 to 1.2 GB/s on 2 cores; BUILD_NOTES "store
-# throughput"). Small arrays stay one chunk.
+# parallel, where one file per array is copied by one thread (reads went
+# from 0.55 to 1.48 of dd's page-cache read on an H100 host; BUILD_NOTES
+# "Store throughput against the disk"). Small arrays stay one chunk.
 CHUNK_BYTES = 8 << 20
 
 
