@@ -15,10 +15,17 @@ step and download in parallel, each with 1/S of the bytes. Scalar leaves
 which steps the same.
 """
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from dipaco_jax import paths as paths_lib
+from dipaco_jax.diloco import comm as comm_lib
+from dipaco_jax.errors import UserError
+from dipaco_jax.model import layers
 from dipaco_jax.model import pipelined
+from dipaco_jax.model import transformer
 
 
 def num_stages(config) -> int:
@@ -113,3 +120,52 @@ def host_share(x, stage: int, num_units: int, axis: int):
 
 def host_share_tree(tree, stage: int, num_units: int, axis: int):
   return jax.tree.map(lambda x: host_share(x, stage, num_units, axis), tree)
+
+
+def _layer_leaf_sizes(config) -> dict[str, dict[str, int]]:
+  """{layer slot: {leaf: values in one module}}, from the model's shapes
+  (a layer's shapes do not depend on the vocabulary)."""
+  topology = paths_lib.topology_from_config(config)
+  model = transformer.build_model(layers.dims_from_config(config.model, 8),
+                                  topology)
+  path = nn.unbox(jax.eval_shape(model.init, jax.random.key(0),
+                                 jnp.zeros((1, 8), jnp.int32))["params"])
+  return {s.name: {jax.tree_util.keystr(k): int(np.prod(x.shape))
+                   for k, x in jax.tree_util.tree_leaves_with_path(
+                       path[s.name])}
+          for s in topology.layer_slots}
+
+
+def check_codecs(config) -> None:
+  """With pipeline stages a layer slot's contribution is compressed stage
+  by stage (`Wire.encode_units`); refuses a codec for which that is not
+  the SPMD runtime's whole-leaf encoding, naming the fields."""
+  stages = num_stages(config)
+  if stages == 1:
+    return
+  topology = paths_lib.topology_from_config(config)
+  comms = comm_lib.comm_by_slot(config, topology.slots)
+  sizes = None
+  for slot in topology.layer_slots:
+    spec = comms[slot.name].spec
+    if spec.name == "none":
+      continue  # Elementwise (error feedback included).
+    if spec.name == "lowrank" or (spec.name == "topk"
+                                  and not spec.topk_chunk):
+      raise UserError(
+          f"config.diloco.compression/pipeline.stages: islands compress "
+          f"each of the {stages} stages' share of slot {slot.name} alone, "
+          f"and {spec.name} (without compression_topk_chunk) needs the "
+          "whole leaf; use int8/int4/e3m0, chunked topk, or "
+          "pipeline.stages=1.")
+    unit, field = ((spec.topk_chunk, "compression_topk_chunk")
+                   if spec.name == "topk" else
+                   (spec.block_size, "compression_block_size"))
+    sizes = sizes or _layer_leaf_sizes(config)
+    for leaf, size in sizes[slot.name].items():
+      if (size // stages) % unit:
+        raise UserError(
+            f"config.diloco.{field}/pipeline.stages: each stage's share of "
+            f"{slot.name}{leaf} has {size // stages} values, not a multiple "
+            f"of {field}={unit}, so a block would span two stages' keys; "
+            "pick a divisor of every share, or pipeline.stages=1.")
