@@ -327,3 +327,22 @@ def test_islands_refuse_codecs_that_need_a_whole_pipelined_leaf():
   config.pipeline.stages = 1
   config.diloco.compression = "lowrank"
   launcher.check_config(config)
+
+
+def test_a_stage_share_is_copied_from_the_shards_that_hold_it():
+  from dipaco_jax.islands import units  # pylint: disable=g-import-not-at-top
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2, 2),
+                           ("path", "stage", "data"))
+  x_GxNxD = np.arange(4 * 6 * 3, dtype=np.float32).reshape(4, 6, 3)
+  # Replicated over `data`: each row is held twice and copied once.
+  placed = jax.device_put(x_GxNxD, jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec("path", "stage")))
+  for stage in range(2):
+    np.testing.assert_array_equal(
+        units.host_share(placed, stage, 2, axis=1),
+        x_GxNxD[:, 3 * stage:3 * stage + 3])
+  # Sharded on another axis than the stage's: rows from every shard.
+  other = jax.device_put(x_GxNxD, jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec(None, None, None)))
+  np.testing.assert_array_equal(units.host_share(other, 1, 3, axis=1),
+                                x_GxNxD[:, 2:4])
