@@ -1,11 +1,13 @@
 """A worker's reads and writes of units (`islands/units.py`).
 
-A module is read as its units' keys and joined on the host; a round's
+A module is read as its units' keys (in parallel threads) and joined on
+the host; a round's
 contributions are written one key per unit, the S stages of a pipelined
 worker in S threads, each copying to the host only its own stage's rows
 (from the devices that hold them) and uploading 1/S of the bytes.
 """
 
+from concurrent import futures
 import threading
 
 import jax
@@ -19,15 +21,18 @@ def read_module(runner, slot_name: str, num_units: int, expert: int,
                 version: int, like, round_index: int):
   """Module (slot, expert) at `version`, from its units' keys (host)."""
   share_like = units_lib.share_like(like, num_units)
-  shares = []
-  for stage in range(num_units):
+
+  def read(stage):
     key = layout.module_dir(
         runner.run, units_lib.unit_key(slot_name, stage, num_units), expert,
         version)
     tree, _ = items.load_tree(key, share_like)
     runner.meter.add("read", round_index, key)
-    shares.append(tree)
-  return units_lib.join(shares)
+    return tree
+  if num_units == 1:
+    return read(0)
+  with futures.ThreadPoolExecutor(num_units) as pool:
+    return units_lib.join(list(pool.map(read, range(num_units))))
 
 
 def contribution_keys(runner, round_index: int, worker: int) -> list:
