@@ -29,11 +29,12 @@ from dipaco_jax.model import transformer
 
 
 def num_stages(config) -> int:
-  """S of a run's config (a ConfigDict or its JSON dict); 1 = no pipeline."""
-  pipeline = config["pipeline"] if isinstance(config, dict) else (
-      config.pipeline)
-  stages = pipeline["stages"] if isinstance(pipeline, dict) else (
-      pipeline.stages)
+  """S of a run's config (a ConfigDict or its JSON dict); 1 = no pipeline
+  (also for a spec written before `config.pipeline` existed)."""
+  pipeline = (config.get("pipeline") if isinstance(config, dict)
+              else getattr(config, "pipeline", None)) or {}
+  stages = (pipeline.get("stages") if isinstance(pipeline, dict)
+            else getattr(pipeline, "stages", None))
   return int(stages or 1)
 
 
