@@ -13,6 +13,7 @@ import pytest
 from dipaco_jax import testing
 from dipaco_jax.data import shards as shards_lib
 from dipaco_jax.data import token_store
+from dipaco_jax.errors import UserError
 from dipaco_jax.islands import coordinator as coordinator_lib
 from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import launcher
@@ -30,9 +31,11 @@ class _Data:
 
 
 def _experiment(tmp_path, shape="2x2", replicas=1, num_steps=6, h=2,
-                delay="none", **diloco):
+                delay="none", stages=1, **diloco):
   config = testing.tiny_config(shape, replicas=replicas, inner_steps=h,
                                num_steps=num_steps)
+  config.pipeline.stages = stages
+  config.pipeline.microbatches = stages
   config.ckpt.async_save = False
   config.diloco.delay = delay
   config.diloco.update(diloco)
@@ -242,3 +245,104 @@ def test_coordinator_leases_requeues_and_restarts(tmp_path):
   assert again.leases["c"]["task"] == {"round": 0, "group": [2, 3]}
   # Round 1 of a group is not ready before round 0's outer steps.
   assert not again.task_ready(1, 0)
+
+
+def _unit_bytes(run, kind, slot, expert, version, stage=None):
+  key = f"{slot}/stage{stage}" if stage is not None else slot
+  directory = getattr(layout, kind)(run, key, expert, version)
+  assert atomic.is_committed(directory), directory
+  return atomic.read_commit(directory)["bytes"]
+
+
+@pytest.mark.parametrize("delay,compression", [("none", "none"),
+                                               ("one_round", "int4")])
+def test_pipelined_islands_store_stages_and_equal_the_spmd_runtime(
+    tmp_path, delay, compression):
+  # 2 pipeline stages: every layer slot's module, outer state and
+  # contribution is 2 keys of half its bytes (DiLoCoX's dual optimizer
+  # policy), the 4 paths of each task vmapped, 2 rounds. With one_round
+  # and int4 (blocks of 32 values: no block spans two stages), the
+  # stages' payloads are encoded apart and their residuals carried on.
+  settings = dict(delay=delay, compression=compression,
+                  error_feedback=compression != "none",
+                  compression_block_size=32)
+  exp = _experiment(tmp_path / "spmd", num_steps=4, stages=2, **settings)
+  spmd = jax.device_get(exp.train().state["outer"]["params"])
+  run = tmp_path / "islands"
+  bank = _islands_in_process(exp, run, 4, forget=True)
+  # The same tolerance as the unpipelined runs with every path in a task.
+  assert _max_abs_diff(spmd, bank) < 1e-6, _max_abs_diff(spmd, bank)
+  spec = _spec(exp, 4)
+  topology = spec.topology()
+  final = spec.num_rounds
+  for slot in topology.slots:
+    stages = (0, 1) if slot.layers else (None,)
+    if slot.layers:  # Only the stage level under the slot's directory.
+      assert sorted(p.name for p in (run / "modules" / slot.name).iterdir()
+                    ) == ["stage0", "stage1"]
+    module_bytes = 4 * sum(x.size // x.shape[0]
+                           for x in jax.tree.leaves(spmd[slot.name]))
+    for e in range(slot.num_experts):
+      sizes = [_unit_bytes(run, "module_dir", slot.name, e, final, s)
+               for s in stages]
+      assert sizes == [module_bytes // len(stages)] * len(stages), (
+          slot.name, sizes, module_bytes)
+      states = [_unit_bytes(run, "outer_state_dir", slot.name, e, final, s)
+                for s in stages]
+      assert len(set(states)) == 1, states
+    contribs = [atomic.read_commit(layout.contrib_dir(
+        run, final - 1, 0, f"{slot.name}/stage{s}" if s is not None
+        else slot.name))["bytes"] for s in stages]
+    assert len(set(contribs)) == 1, contribs
+    if compression == "none":
+      assert contribs[0] == module_bytes // len(stages)
+  # A restarted executor finds every unit at its last version; the
+  # coordinator sees every task done and collects all but the final units.
+  again = executor_lib.Executor(run, spec,
+                                executor_lib.owned_modules(spec, 0, 1),
+                                "executor", log=lambda _: None)
+  assert len(again.modules) == sum(
+      s.num_experts * (2 if s.layers else 1) for s in topology.slots)
+  assert again.finished()
+  coord = coordinator_lib.Coordinator(run, spec, log=lambda _: None)
+  assert coord.frontier == [final] and coord.run_done()
+  coord.collect_garbage()
+  left = sorted(str(p.relative_to(run)) for p in run.glob("modules/*/**/v*"))
+  assert left and all(p.endswith(f"v{final:06d}") for p in left), left
+  assert not list(run.glob("contrib/r*"))
+
+
+def test_islands_refuse_codecs_that_need_a_whole_pipelined_leaf():
+  config = testing.tiny_config("2x2", inner_steps=2, num_steps=4)
+  config.pipeline.stages = config.pipeline.microbatches = 2
+  config.diloco.compression = "lowrank"
+  with pytest.raises(UserError, match="config.diloco.compression/pipeline"):
+    launcher.check_config(config)
+  config.diloco.compression = "int4"  # Norm scales: 32 values per stage.
+  config.diloco.compression_block_size = 64
+  with pytest.raises(UserError, match="compression_block_size/pipeline"):
+    launcher.check_config(config)
+  config.diloco.compression_block_size = 32
+  launcher.check_config(config)
+  config.pipeline.stages = 1
+  config.diloco.compression = "lowrank"
+  launcher.check_config(config)
+
+
+def test_a_stage_share_is_copied_from_the_shards_that_hold_it():
+  from dipaco_jax.islands import units  # pylint: disable=g-import-not-at-top
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2, 2),
+                           ("path", "stage", "data"))
+  x_GxNxD = np.arange(4 * 6 * 3, dtype=np.float32).reshape(4, 6, 3)
+  # Replicated over `data`: each row is held twice and copied once.
+  placed = jax.device_put(x_GxNxD, jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec("path", "stage")))
+  for stage in range(2):
+    np.testing.assert_array_equal(
+        units.host_share(placed, stage, 2, axis=1),
+        x_GxNxD[:, 3 * stage:3 * stage + 3])
+  # Sharded on another axis than the stage's: rows from every shard.
+  other = jax.device_put(x_GxNxD, jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec(None, None, None)))
+  np.testing.assert_array_equal(units.host_share(other, 1, 3, axis=1),
+                                x_GxNxD[:, 2:4])

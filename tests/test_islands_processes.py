@@ -63,11 +63,12 @@ class Chaos(threading.Thread):
         self.killed.append(role)
 
 
-def _train(tmp_path, name, chaos_plan=()):
-  exp = test_islands._experiment(tmp_path / name, num_steps=16)
+def _train(tmp_path, name, chaos_plan=(), num_steps=16, stages=1):
+  exp = test_islands._experiment(tmp_path / name, num_steps=num_steps,
+                                 stages=stages)
   # Two executors for the five modules (dealt round robin, so each steps
   # several): three processes fewer to start (and to import JAX) per run.
-  options = launcher.IslandOptions(num_workers=2, fake_devices=1,
+  options = launcher.IslandOptions(num_workers=2, fake_devices=stages,
                                    num_executors=2, heartbeat_s=0.5,
                                    lease_timeout_s=4.0)
   run = pathlib.Path(exp.run_dir).parent.parent / "islands" / exp.name
@@ -81,13 +82,13 @@ def _train(tmp_path, name, chaos_plan=()):
   finally:
     chaos.stop.set()
     chaos.join(timeout=10)
-  return result, chaos.killed, run
+  return result, chaos.killed, run, exp
 
 
 def test_kills_of_every_role_lose_nothing(tmp_path):
-  calm, _, calm_run = _train(tmp_path, "calm")
+  calm, _, calm_run, _ = _train(tmp_path, "calm")
   plan = ["worker", "worker", "coordinator", "worker", "executor"]
-  stormy, killed, run = _train(tmp_path, "stormy", plan)
+  stormy, killed, run, _ = _train(tmp_path, "stormy", plan)
   assert killed == plan, f"the run ended before every kill: {killed}"
   for a, b in zip(jax.tree.leaves(calm.state["outer"]["params"]),
                   jax.tree.leaves(stormy.state["outer"]["params"])):
@@ -101,9 +102,32 @@ def test_kills_of_every_role_lose_nothing(tmp_path):
   assert not list(pathlib.Path(run, "contrib").glob("r*"))
   # A run already done is read back without starting a role.
   started = time.monotonic()
-  again, _, _ = _train(tmp_path, "calm")
+  again, _, _, _ = _train(tmp_path, "calm")
   assert time.monotonic() - started < 30
   assert not role_pids(calm_run, "worker")
   for a, b in zip(jax.tree.leaves(calm.state["outer"]["params"]),
                   jax.tree.leaves(again.state["outer"]["params"])):
     np.testing.assert_array_equal(a, b)
+
+
+def test_pipelined_units_survive_kills(tmp_path):
+  # 2 pipeline stages per worker (2 fake devices each): each layer slot is
+  # 2 units per module, dealt to the 2 executors; kills of a worker, an
+  # executor and the coordinator, then the result equals the same run in
+  # one process (another mesh: one path per task on 8 devices there, so
+  # the tolerance of test_islands' one-path tasks) and only the final
+  # units remain.
+  plan = ["worker", "executor", "coordinator"]
+  stormy, killed, run, exp = _train(tmp_path, "stormy", plan, num_steps=8,
+                                    stages=2)
+  assert killed == plan, f"the run ended before every kill: {killed}"
+  want = test_islands._islands_in_process(exp, tmp_path / "in_process", 1)
+  diff = test_islands._max_abs_diff(want, stormy.state["outer"]["params"])
+  assert diff < 1e-5, diff
+  versions = {str(p.relative_to(run)) for p in
+              pathlib.Path(run, "modules").glob("**/v*")}
+  assert versions == {
+      f"modules/{slot.name}{stage}/{e:05d}/v000004"
+      for slot in exp.topology.slots for e in range(slot.num_experts)
+      for stage in (("/stage0", "/stage1") if slot.layers else ("",))}
+  assert not list(pathlib.Path(run, "contrib").glob("r*"))

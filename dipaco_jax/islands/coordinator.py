@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import atomic
 
 
@@ -38,6 +39,11 @@ class Coordinator:
     topology = spec.topology()
     self.assignment_WxS = topology.assignment_WxS
     self.slot_names = [s.name for s in topology.slots]
+    # Each slot's unit keys (`islands/units.py`): its name, or one per
+    # pipeline stage.
+    stages = units_lib.num_stages(spec.config)
+    self.unit_keys = [units_lib.keys_of_slot(s, stages)
+                      for s in topology.slots]
     self.groups = spec.groups()
     self.num_rounds = spec.num_rounds
     self.delayed = spec.config["diloco"].get("delay") == "one_round"
@@ -68,8 +74,8 @@ class Coordinator:
     workers = self.groups[group]
     return all(layout.committed(layout.inner_dir(
         self.run, w, (round_index + 1) * h)) for w in workers) and all(
-            layout.committed(layout.contrib_dir(self.run, round_index, w, s))
-            for w in workers for s in self.slot_names)
+            layout.committed(layout.contrib_dir(self.run, round_index, w, k))
+            for w in workers for keys in self.unit_keys for k in keys)
 
   def task_ready(self, round_index: int, group: int) -> bool:
     if self.delayed and round_index > 0:
@@ -79,11 +85,14 @@ class Coordinator:
       # done: their contributions make version r, so no task can wait on
       # a task that no free worker would run.
       return min(self.frontier) >= round_index
-    workers = list(self.groups[group])
-    return all(layout.committed(layout.module_dir(
-        self.run, name, int(e), round_index))
-               for s, name in enumerate(self.slot_names)
-               for e in np.unique(self.assignment_WxS[workers, s]))
+    return all(layout.committed(layout.module_dir(self.run, k, e, round_index))
+               for k, e in self._units(list(self.groups[group])))
+
+  def _units(self, workers) -> list[tuple[str, int]]:
+    """(unit key, expert) of every unit `workers` use."""
+    return [(k, int(e)) for s, keys in enumerate(self.unit_keys)
+            for e in np.unique(self.assignment_WxS[workers, s])
+            for k in keys]
 
   def _first_undone(self, group: int, r: int = 0) -> int:
     while r < self.num_rounds and self.task_done(r, group):
@@ -92,9 +101,8 @@ class Coordinator:
 
   def run_done(self) -> bool:
     return all(layout.committed(layout.module_dir(
-        self.run, name, e, self.num_rounds))
-               for s, name in enumerate(self.slot_names)
-               for e in np.unique(self.assignment_WxS[:, s]))
+        self.run, k, e, self.num_rounds))
+               for k, e in self._units(slice(None)))
 
   def _load_leases(self) -> None:
     for path in layout.control_files(layout.control(self.run, "assign")):
@@ -184,8 +192,7 @@ class Coordinator:
           _remove(layout.inner_dir(self.run, w, step))
         self._collected["inner"][w] = self.frontier[g] * h
     oldest_round = min(self.frontier)
-    modules = [(name, int(e)) for s, name in enumerate(self.slot_names)
-               for e in np.unique(self.assignment_WxS[:, s])]
+    modules = self._units(slice(None))  # Stages' keys included.
     # Version v is read by round v's tasks and by round v's outer step
     # (which writes v + 1): done once every group passed round v and every
     # module has v + 1.

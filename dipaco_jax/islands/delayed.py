@@ -37,6 +37,7 @@ import numpy as np
 
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import items
 
 WAIT_TIMEOUT_S = 3600.0  # For a module version: every wait is bounded.
@@ -68,10 +69,11 @@ def inner_like(runner, program) -> dict:
 
 
 def _version_keys(runner, task) -> list:
-  return [layout.module_dir(runner.run, name, int(e), task.round_index)
-          for s, name in enumerate(runner.slot_names)
+  return [layout.module_dir(runner.run, key, int(e), task.round_index)
+          for s, slot in enumerate(runner.topology.slots)
           for e in np.unique(runner.topology.assignment_WxS[
-              list(task.group), s])]
+              list(task.group), s])
+          for key in units_lib.keys_of_slot(slot, runner.stages)]
 
 
 def _read_version(runner, task, program, cancel=None,
@@ -209,7 +211,8 @@ def train(runner, task, program, outer=None,
 
 
 def _write_contributions(runner, task, payloads, loss_G) -> None:
-  runner.write_contributions(task, jax.device_get(payloads), loss_G)
+  # Each unit's writer copies its own rows to the host (unit_io.py).
+  runner.write_contributions(task, payloads, loss_G)
 
 
 def _write_inner(runner, task, state) -> None:
@@ -231,8 +234,9 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
     done = train(runner, task, program)
   t_compute = time.monotonic()
   # Compressed slots: their payloads, and what their codecs carry on.
-  payloads, carry, _ = runner.wire.encode(
-      _contributions(done.anchor, done.params), done.carry)
+  payloads, carry = runner.wire.encode_units(
+      _contributions(done.anchor, done.params), done.carry,
+      runner.num_units)
   t_version = time.monotonic()
   start = _version(runner, task, program)
   t_version = time.monotonic() - t_version

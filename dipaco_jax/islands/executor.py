@@ -3,8 +3,11 @@ r"""The outer executor role: the outer step of its modules, from the store.
   python -m dipaco_jax.islands.executor --store=RUN_DIR \
       [--shard=0 --num_shards=1]
 
-Executor i of n owns every n-th module (slot, expert) in a fixed order, so a
-large bank spreads over many executors. For each module, once every user's
+Executor i of n owns every n-th unit (slot, expert, stage) in a fixed
+order, so a large bank spreads over many executors; a unit is a module, or
+with pipeline stages one stage's share of a layer slot's module
+(`islands/units.py`), which steps alone: the outer step is elementwise. For
+each unit (below: module), once every user's
 round-r contribution is committed, it loads the module at version r (its
 parameters and outer optimizer state) and those contributions, runs the
 rest of the chain of `diloco.outer` (mix over the module's users, then the
@@ -29,6 +32,7 @@ import numpy as np
 
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import units as units_lib
 from dipaco_jax.islands import wire as wire_lib
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
@@ -85,12 +89,15 @@ class ModuleStepper:
 
 
 class Executor:
-  """Outer steps of the modules `modules` [(slot index, expert)]."""
+  """Outer steps of the units `modules` [(slot index, expert, stage)]."""
 
   def __init__(self, run, spec: layout.RunSpec, modules, role_id: str,
                log=print):
     self.run, self.spec, self.log = run, spec, log
-    self.slot_names = [s.name for s in spec.topology().slots]
+    slots = spec.topology().slots
+    self.slot_names = [s.name for s in slots]
+    stages = units_lib.num_stages(spec.config)
+    self.num_units = [units_lib.slot_stages(s, stages) for s in slots]
     self.modules = list(modules)
     self.stepper = ModuleStepper(spec)
     self.wire = wire_lib.Wire(spec.config_dict(), spec.topology().slots)
@@ -100,34 +107,39 @@ class Executor:
                                                        "seconds": 0.0}
     self.next_version = {m: self._first_missing(m) for m in self.modules}
 
+  def key(self, module) -> str:
+    """The unit's slot part of its store keys."""
+    s, _, stage = module
+    return units_lib.unit_key(self.slot_names[s], stage, self.num_units[s])
+
   def _first_missing(self, module) -> int:
-    s, e = module
-    latest = layout.latest_module_version(self.run, self.slot_names[s], e)
+    latest = layout.latest_module_version(self.run, self.key(module),
+                                          module[1])
     return 1 if latest is None else latest + 1
 
   def ready(self, module, round_index: int) -> bool:
-    s, e = module
+    s, e, _ = module
     users = layout.users_of(self.stepper.assignment_WxS, s, e)
     return all(layout.committed(layout.contrib_dir(
-        self.run, round_index, int(w), self.slot_names[s])) for w in users)
+        self.run, round_index, int(w), self.key(module))) for w in users)
 
   def step(self, module, round_index: int, likes) -> None:
     """Version r + 1 of `module` from version r and round r's
     contributions."""
     started = time.monotonic()
-    s, e = module
-    name, r = self.slot_names[s], round_index
+    s, e, _ = module
+    name, unit, r = self.slot_names[s], self.key(module), round_index
     params_like, opt_like = likes
-    key = layout.module_dir(self.run, name, e, r)
+    key = layout.module_dir(self.run, unit, e, r)
     params, _ = items.load_tree(key, params_like)
     self.meter.add("read", r, key)
-    key = layout.outer_state_dir(self.run, name, e, r)
+    key = layout.outer_state_dir(self.run, unit, e, r)
     opt_state, _ = items.load_tree(key, opt_like)
     self.meter.add("read", r, key)
     users, a_Ux1, users_1 = self.stepper.mixing(s, e)
     rows = []
     for w in users:
-      key = layout.contrib_dir(self.run, r, int(w), name)
+      key = layout.contrib_dir(self.run, r, int(w), unit)
       if name in self.wire.codecs:  # A compressed payload (islands/wire.py)
         stored, _ = items.load_saved(key)
         tree = self.wire.from_wire(name, stored, params_like)
@@ -141,10 +153,10 @@ class Executor:
     params, opt_state = jax.device_get(self.stepper(
         name, params, opt_state, contribs_U, a_Ux1, users_1))
     meta = {"round": r, "users": [int(w) for w in users]}
-    key = layout.outer_state_dir(self.run, name, e, r + 1)
+    key = layout.outer_state_dir(self.run, unit, e, r + 1)
     items.save_tree(key, opt_state, meta)
     self.meter.add("written", r, key)
-    key = layout.module_dir(self.run, name, e, r + 1)
+    key = layout.module_dir(self.run, unit, e, r + 1)
     items.save_tree(key, params, meta)
     self.meter.add("written", r, key)
     self.meter.flush()
@@ -171,8 +183,8 @@ class Executor:
 
 
 def module_likes(spec: layout.RunSpec):
-  """`likes_of(module) -> (params_like, opt_state_like)`: host restore
-  targets of a module's parameters and outer optimizer state, from the
+  """`likes_of(unit) -> (params_like, opt_state_like)`: host restore
+  targets of a unit's parameters and outer optimizer state, from the
   model's shapes (no device work)."""
   config = spec.config_dict()
   topology = spec.topology()
@@ -184,21 +196,32 @@ def module_likes(spec: layout.RunSpec):
                       nn.unbox(path))
   tx = outer_lib.outer_optimizer(config.diloco)
   slot_names = [s.name for s in topology.slots]
+  stages = units_lib.num_stages(config)
+  num_units = [units_lib.slot_stages(s, stages) for s in topology.slots]
 
   @functools.lru_cache(maxsize=None)
   def of_slot(s: int):
-    params = path[slot_names[s]]
+    # Every stage's share has the same shapes.
+    params = units_lib.share_like(path[slot_names[s]], num_units[s])
     opt = jax.eval_shape(tx.init, params)
     return params, jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), opt)
   return lambda module: of_slot(module[0])
 
 
+def all_units(spec: layout.RunSpec) -> list[tuple[int, int, int]]:
+  """Every (slot index, expert, stage) of the run, in a fixed order: a
+  module's stages next to each other."""
+  stages = units_lib.num_stages(spec.config)
+  return [(s, e, stage) for s, slot in enumerate(spec.topology().slots)
+          for e in range(slot.num_experts)
+          for stage in range(units_lib.slot_stages(slot, stages))]
+
+
 def owned_modules(spec: layout.RunSpec, shard: int, num_shards: int):
-  """Executor `shard`'s modules: every `num_shards`-th (slot, expert)."""
-  every = [(s, e) for s, slot in enumerate(spec.topology().slots)
-           for e in range(slot.num_experts)]
-  return every[shard::num_shards]
+  """Executor `shard`'s units: every `num_shards`-th of `all_units`, so a
+  module's stages go to different executors and step in parallel."""
+  return all_units(spec)[shard::num_shards]
 
 
 def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
@@ -219,7 +242,7 @@ def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
     if time.monotonic() > deadline:
       raise TimeoutError(f"{role}: run not finished in {timeout_s:.0f} s")
     time.sleep(poll_s)
-  log(f"done: {len(executor.modules)} modules at version "
+  log(f"done: {len(executor.modules)} units at version "
       f"{spec.num_rounds}")
 
 

@@ -29,6 +29,7 @@ from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.errors import UserError
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import timeline
+from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
 from dipaco_jax.train import loop
@@ -42,7 +43,7 @@ class IslandError(RuntimeError):
 class IslandOptions:
   num_workers: int = 2
   paths_per_task: int = 1
-  num_executors: int = 0  # 0 = one per module (modules step in parallel), <= 8.
+  num_executors: int = 0  # 0 = one per unit (units step in parallel), <= 8.
   fake_devices: int = 0  # Per worker process (CPU only).
   # Worker i sees only accelerator i % n (CUDA_VISIBLE_DEVICES), for n
   # GPUs on this machine; 0 = every worker sees every device.
@@ -96,6 +97,8 @@ def _role_env() -> dict:
 
 def make_roles(run, options: IslandOptions, num_modules: int
                ) -> list[Role]:
+  """`num_modules`: the run's units (`islands/units.py`), the most
+  executors that have work."""
   env = _role_env()
   cpu_env = {**env, "JAX_PLATFORMS": "cpu"}  # Executors: elementwise work.
   logs = epath.Path(run) / "logs"
@@ -124,21 +127,26 @@ def make_roles(run, options: IslandOptions, num_modules: int
 
 
 def write_version_zero(run, runtime, init_bank, seed: int) -> None:
-  """Every module at version 0 (the initial bank and a fresh outer
+  """Every unit at version 0 (the initial bank and a fresh outer
   optimizer state), unless already committed."""
   if init_bank is None:
     init_bank = runtime.init_bank(jax.random.key(seed))
   bank = jax.device_get(init_bank)
   outer = {"params": bank, "opt_state": jax.device_get(
       outer_lib.init_outer_opt_state(runtime.outer_tx, bank))}
+  stages = units_lib.num_stages(runtime.config)
   for slot in runtime.topology.slots:
+    keys = units_lib.keys_of_slot(slot, stages)
     for e in range(slot.num_experts):
       module = items.module_of(outer, slot.name, e)
       meta = {"round": -1, "users": []}
-      items.save_tree(layout.outer_state_dir(run, slot.name, e, 0),
-                      module["opt_state"], meta)
-      items.save_tree(layout.module_dir(run, slot.name, e, 0),
-                      module["params"], meta)
+      for stage, key in enumerate(keys):
+        items.save_tree(layout.outer_state_dir(run, key, e, 0),
+                        units_lib.share(module["opt_state"], stage,
+                                        len(keys)), meta)
+        items.save_tree(layout.module_dir(run, key, e, 0),
+                        units_lib.share(module["params"], stage, len(keys)),
+                        meta)
 
 
 def read_final_bank(run, runtime, version: int) -> dict:
@@ -146,10 +154,13 @@ def read_final_bank(run, runtime, version: int) -> dict:
   path = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                       nn.unbox(runtime.boxed_path_params()))
   bank = {}
+  stages = units_lib.num_stages(runtime.config)
   for slot in runtime.topology.slots:
-    rows = [items.load_tree(layout.module_dir(run, slot.name, e, version),
-                            path[slot.name])[0]
-            for e in range(slot.num_experts)]
+    keys = units_lib.keys_of_slot(slot, stages)
+    like = units_lib.share_like(path[slot.name], len(keys))
+    rows = [units_lib.join([
+        items.load_tree(layout.module_dir(run, key, e, version), like)[0]
+        for key in keys]) for e in range(slot.num_experts)]
     bank[slot.name] = jax.tree.map(lambda *x: np.stack(x), *rows)
   return bank
 
@@ -301,6 +312,7 @@ def check_config(config) -> None:
         "config.diloco.delay/per_slot: islands apply one delay to every "
         "slot, none or one_round; eager and per-slot delays are simulated "
         "by dipaco_jax.main only.")
+  units_lib.check_codecs(config)
 
 
 def train_experiment(exp, options: IslandOptions, init_bank=None,
@@ -343,8 +355,9 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
     log(f"{len(spec.groups())} tasks per round x {spec.num_rounds} rounds, "
         f"{options.num_workers} workers; store {run}")
     if not layout.done_path(run).exists():
-      num_modules = sum(s.num_experts for s in exp.topology.slots)
-      supervise(run, make_roles(run, options, num_modules), options, log)
+      num_units = sum(s.num_experts * units_lib.slot_stages(
+          s, units_lib.num_stages(c)) for s in exp.topology.slots)
+      supervise(run, make_roles(run, options, num_units), options, log)
     atomic.write_json(trained_path, {"wall_s": time.time() - t0})
   else:
     log(f"already trained in {run}; reusing")

@@ -1,12 +1,19 @@
 """The store of one island run: its keys, its spec, and byte accounting.
 
+({slot} below is a *unit* key, `islands/units.py`: the slot's name, or
+with pipeline stages, config.pipeline.stages = S > 1, `{slot}/stage{s}`
+for each stage s of a layer slot, holding that stage's share of the
+stacked layer leaves, so every key of such a slot is S keys of 1/S of its
+bytes. The embedding/head slot, and every slot when S = 1, is one unit
+named as its slot.)
+
   RUN/spec.json                          what every role needs (RunSpec)
   RUN/modules/{slot}/{e:05d}/v{n:06d}/   module parameters after n outer steps
   RUN/outer_state/{slot}/{e:05d}/v{n:06d}/  its outer optimizer state
   RUN/inner/{w:05d}/s{step:08d}/         worker w's AdamW state at `step`
   RUN/contrib/r{r:06d}/{w:05d}/{slot}/   worker w's contribution of round r,
-                                         one key per slot (its executors read
-                                         only their own slot)
+                                         one key per unit (its executors read
+                                         only their own unit)
   RUN/control/assign/{worker_id}.json    coordinator -> worker: the lease
   RUN/control/heartbeat/{worker_id}.json worker -> coordinator: alive, task
   RUN/control/coordinator.json           the coordinator's own heartbeat

@@ -24,6 +24,7 @@ import numpy as np
 from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import compress_apply
+from dipaco_jax.islands import units as units_lib
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -106,6 +107,44 @@ class Wire:
       if kept:
         new_carry[name] = kept
     return payloads, new_carry, bytes_G
+
+  def encode_units(self, contribs_G: dict, carry: dict,
+                   num_units: dict) -> tuple[dict, dict]:
+    """`encode`, each compressed slot of `num_units[slot]` > 1 units
+    (pipeline stages, `islands/units.py`) encoded stage by stage: its
+    payloads keyed by unit key, so each unit's decodes alone (the stages'
+    residuals carried as one). Plain slots pass as they are, keyed by
+    slot. Only codecs that act on blocks of the flattened leaf that no
+    stage boundary cuts give the numbers of encoding the whole slot
+    (`launcher.check_config` refuses the others)."""
+    split = [name for name in contribs_G
+             if num_units.get(name, 1) > 1 and name in self.codecs]
+    if not split:
+      return self.encode(contribs_G, carry)[:2]
+    whole = {n: c for n, c in contribs_G.items() if n not in split}
+    payloads, new_carry, _ = self.encode(
+        whole, {n: c for n, c in carry.items() if n in whole})
+    for name in split:
+      n, slot = num_units[name], carry.get(name, {})
+      if "codec_state" in slot:
+        raise ValueError(f"slot {name}: a stateful codec cannot be split "
+                         "by pipeline stage")
+      residuals = []
+      for stage in range(n):
+        # Leaves [G, layers, ...]: the stage's layers of every worker.
+        share = lambda t, s=stage: jax.vmap(
+            lambda x: units_lib.share(x, s, n))(t)
+        slot_carry = ({name: {"residual": share(slot["residual"])}}
+                      if "residual" in slot else {})
+        unit_payloads, unit_carry, _ = self.encode(
+            {name: share(contribs_G[name])}, slot_carry)
+        payloads[units_lib.unit_key(name, stage, n)] = unit_payloads[name]
+        if unit_carry:
+          residuals.append(unit_carry[name]["residual"])
+      if residuals:
+        new_carry[name] = {"residual": jax.tree.map(
+            lambda *x: jnp.concatenate(x, axis=1), *residuals)}
+    return payloads, new_carry
 
   def to_wire(self, name: str, payloads_G, i: int):
     """Worker i's tree for slot `name` as written to the store (host):

@@ -10,7 +10,9 @@ same pure function of seed, run, worker and step as in the SPMD runtime),
 then writes each worker's AdamW state at step (r + 1)H and its
 contribution of round r (outer - inner, Eq. 1 of `diloco.outer`; with
 `config.diloco.compression`, its codec's payload, `islands/wire.py`), one
-key per slot. A task whose keys are all committed
+key per unit (a slot, or one pipeline stage's share of a layer slot,
+`islands/units.py`; the stages' keys are written in parallel,
+`islands/unit_io.py`). A task whose keys are all committed
 is not run again, and a re-run writes the same bytes, so a worker killed
 anywhere costs at most its unfinished task. With DiLoCoX's one-round
 delay a task is `islands/delayed.py`'s instead (own anchors, uploads in
@@ -41,6 +43,8 @@ from dipaco_jax.islands import delayed
 from dipaco_jax.islands import heartbeat as heartbeat_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import timeline
+from dipaco_jax.islands import unit_io
+from dipaco_jax.islands import units as units_lib
 from dipaco_jax.islands import wire as wire_lib
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
@@ -119,6 +123,9 @@ class TaskRunner:
     self.config = spec.config_dict()
     self.topology = spec.topology()
     self.slot_names = tuple(s.name for s in self.topology.slots)
+    self.stages = units_lib.num_stages(self.config)
+    self.num_units = {s.name: units_lib.slot_stages(s, self.stages)
+                      for s in self.topology.slots}
     self._programs: dict[int, GroupProgram] = {}
     # (group, step, AdamW states on device, codec carry) of the last task:
     # a worker given the same group's next round skips reading them back
@@ -152,8 +159,8 @@ class TaskRunner:
     h = self.spec.inner_steps
     keys = [layout.inner_dir(self.run, w, (task.round_index + 1) * h)
             for w in task.group]
-    keys += [layout.contrib_dir(self.run, task.round_index, w, s)
-             for w in task.group for s in self.slot_names]
+    keys += [k for w in task.group
+             for k in unit_io.contribution_keys(self, task.round_index, w)]
     return keys
 
   def is_done(self, task: Task) -> bool:
@@ -171,10 +178,9 @@ class TaskRunner:
       local_GxS[:, s] = np.searchsorted(experts, assignment_GxS[:, s])
       rows = []
       for e in experts:
-        key = layout.module_dir(self.run, name, int(e), task.round_index)
-        tree, _ = items.load_tree(key, program.module_like[name])
-        self.meter.add("read", task.round_index, key)
-        rows.append(tree)
+        rows.append(unit_io.read_module(
+            self, name, self.num_units[name], int(e), task.round_index,
+            program.module_like[name], task.round_index))
       rows += [rows[0]] * (g - len(rows))  # Padding rows nobody uses.
       bank[name] = jax.tree.map(lambda *x: np.stack(x), *rows)
     return bank, local_GxS.astype(np.int32)
@@ -240,8 +246,9 @@ class TaskRunner:
         jax.tree.map(jnp.asarray, bank), state["inner"]["params"],
         local_GxS, self.slot_names)
     # Compressed slots: their payloads, and what their codecs carry on.
-    payloads, carry, _ = self.wire.encode(contribs, carry)
-    payloads, carry = jax.device_get((payloads, carry))
+    # Payloads stay on device: each unit's writer copies its own.
+    payloads, carry = self.wire.encode_units(contribs, carry, self.num_units)
+    carry = jax.device_get(carry)
     self._kept = None
     opt_state = jax.device_get(state["inner"]["opt_state"])
     loss_G = losses_HxG.mean(axis=0)
@@ -305,16 +312,9 @@ class TaskRunner:
     self.meter.flush()
 
   def write_contributions(self, task: Task, payloads, loss_G) -> None:
-    """Each worker's contribution of the round, one key per slot: float32,
-    or a compressed slot's trimmed payload (`Wire.encode`'s, on the
-    host)."""
-    r = task.round_index
-    for i, w in enumerate(task.group):
-      for name in self.slot_names:
-        key = layout.contrib_dir(self.run, r, w, name)
-        items.save_tree(key, self.wire.to_wire(name, payloads[name], i),
-                        {"round": r, "worker": w, "loss": float(loss_G[i])})
-        self.meter.add("written", r, key)
+    """Each worker's contribution of the round, one key per unit
+    (`unit_io.write_contributions`)."""
+    unit_io.write_contributions(self, task, payloads, loss_G)
 
 
 def serve(run, worker_id: str, slowdown_s: float = 0.0,
