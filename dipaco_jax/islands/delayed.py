@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.islands import background
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import items
@@ -96,34 +97,14 @@ def _read_version(runner, task, program, cancel=None,
       program.runtime.state_shardings["inner"]["params"])
 
 
-class _Thread(threading.Thread):
-  """`fn(*args)` in the background; `join` re-raises its error and returns
-  its result."""
-
-  def __init__(self, fn, *args):
-    super().__init__(daemon=True)
-    self._fn, self._args, self.error, self.result = fn, args, None, None
-
-  def run(self):
-    try:
-      self.result = self._fn(*self._args)
-    except BaseException as e:  # pylint: disable=broad-exception-caught
-      self.error = e
-
-  def join(self, timeout=None):
-    super().join(timeout)
-    if self.error is not None:
-      raise self.error
-    return self.result
-
-
 class _Prefetch:
   """Version r of a group's modules, read by a thread once committed."""
 
   def __init__(self, runner, task, program):
     self.key = (task.round_index, task.group)
     self.cancel = threading.Event()
-    self.thread = _Thread(_read_version, runner, task, program, self.cancel)
+    self.thread = background.Background(_read_version, runner, task,
+                                        program, self.cancel)
     self.thread.start()
 
 
@@ -244,8 +225,9 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
   inner = {"opt": _copy(done.opt_state), "anchor": next_anchor}
   if carry:
     inner["wire"] = carry
-  uploads = [_Thread(_write_contributions, runner, task, payloads,
-                     done.loss_G), _Thread(_write_inner, runner, task, inner)]
+  uploads = [background.Background(_write_contributions, runner, task,
+                                   payloads, done.loss_G),
+             background.Background(_write_inner, runner, task, inner)]
 
   def start_uploads():
     # Started once the next round's first steps are queued: the uploads'

@@ -8,10 +8,10 @@ worker in S threads, each copying to the host only its own stage's rows
 """
 
 from concurrent import futures
-import threading
 
 import jax
 
+from dipaco_jax.islands import background
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import items
@@ -63,25 +63,6 @@ def _write_stage(runner, task, payloads, loss_G, stage: int) -> None:
       runner.meter.add("written", r, directory)
 
 
-class _Upload(threading.Thread):
-  """One stage's writes; `join` re-raises what failed."""
-
-  def __init__(self, *args):
-    super().__init__(daemon=True)
-    self._args, self.error = args, None
-
-  def run(self):
-    try:
-      _write_stage(*self._args)
-    except BaseException as e:  # pylint: disable=broad-exception-caught
-      self.error = e
-
-  def join(self, timeout=None):
-    super().join(timeout)
-    if self.error is not None:
-      raise self.error
-
-
 def write_contributions(runner, task, payloads, loss_G) -> None:
   """Each worker's contribution of the round, one key per unit: float32,
   or a compressed unit's trimmed payload. `payloads` (device or host) is
@@ -90,7 +71,8 @@ def write_contributions(runner, task, payloads, loss_G) -> None:
   if runner.stages == 1:
     _write_stage(runner, task, payloads, loss_G, 0)
     return
-  uploads = [_Upload(runner, task, payloads, loss_G, stage)
+  uploads = [background.Background(_write_stage, runner, task, payloads,
+                                   loss_G, stage)
              for stage in range(runner.stages)]
   for upload in uploads:
     upload.start()
