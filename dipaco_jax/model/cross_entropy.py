@@ -11,8 +11,8 @@ backward is written out: the cotangent of the logits is
   g (softmax(z) - onehot(target)) = g (exp(z - logsumexp(z)) - onehot)
 
 from the logits as the head made them (compute dtype, kept for the
-backward, as autodiff kept them) and the per-token logsumexp (float32,
-[N]), emitted in the logits' dtype: one read and one write of the logits'
+backward, where autodiff kept their float32 copy) and the per-token
+logsumexp (float32, [N]), emitted in the logits' dtype: one read and one write of the logits'
 size. The forward is optax's formula in float32. Numerics: the loss is the
 same float32 math up to the order of operations (1e-6 relative); the
 gradient is rounded to the compute dtype at the same point as before (the

@@ -246,8 +246,9 @@ class Runtime:
     else:
       # The gradient with respect to low-precision copies is low-precision
       # from the matmuls on, so the all-reduce over the data axes (which
-      # XLA places where the batch's partial sums meet) moves half the
-      # bytes; AdamW gets it back in float32.
+      # XLA places where the batch's partial sums meet) can move half the
+      # bytes (on CPU XLA still reduces float32 partial sums; a GPU is not
+      # measured yet); AdamW gets it back in float32.
       lowp = jax.tree.map(lambda p: p.astype(grad_dtype), params)
       loss, grads = jax.value_and_grad(loss_fn)(lowp, batch_BxLp1)
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
