@@ -89,9 +89,13 @@ def child(args):
 
 def parent(args):
   results = []
+  # The first n of the GPUs this process may use (all, unless the caller
+  # set CUDA_VISIBLE_DEVICES: then other work can run on the others).
+  visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+  visible = [x for x in visible if x] or [str(i) for i in range(8)]
   for config in args.configs.split(","):
     for n in (int(x) for x in args.devices.split(",")):
-      env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))))
+      env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(visible[:n]))
       cmd = [sys.executable, __file__, "--child", f"--config={config}",
              f"--steps={args.steps}", f"--log_every={args.log_every}"] + [
                  f"--set={s}" for s in args.set]

@@ -53,6 +53,7 @@ loss run on the pipeline's output with its rows split over the stages
 """
 
 import dataclasses
+import functools
 import math
 
 import flax.linen as nn
@@ -267,7 +268,8 @@ def gpipe(stage_fn, stage_params, x_BxLxD, schedule: Schedule):
   return out_MxbxLxD.swapaxes(0, 1).reshape(x_BxLxD.shape)
 
 
-def circular(stage_fn, segment_params, x_BxLxD, schedule: Schedule):
+def circular(stage_fn, segment_params, x_BxLxD, schedule: Schedule,
+             policy=None):
   """Runs the G segments as one circular pipeline (see the module doc).
 
   Args:
@@ -277,6 +279,10 @@ def circular(stage_fn, segment_params, x_BxLxD, schedule: Schedule):
       depth order.
     x_BxLxD: the first segment's input; B divisible by the microbatches.
     schedule: stages and microbatches (M >= S).
+    policy: what the backward pass keeps of a tick's stage (a
+      `jax.checkpoint` policy; None: only its input, the forward pass is
+      recomputed). It must not keep everything (below); `stage_fn` should
+      not rematerialize on its own.
 
   Returns:
     The last segment's output [B, L, D], rows in the input's order: what
@@ -299,6 +305,14 @@ def circular(stage_fn, segment_params, x_BxLxD, schedule: Schedule):
   params_SxG = jax.tree.map(lambda *p: jnp.stack(p, axis=1),
                             *segment_params)
 
+  # Each tick's stage is rematerialized as a whole, at `policy`: what the
+  # backward pass keeps of a tick must not include the slice of the lap's
+  # segment, a copy per tick (G M + S - 1 copies of a stage's share of a
+  # segment: 124 GiB a GPU for the 3.8B model of BUILD_NOTES), while the
+  # stacked parameters themselves are the scan's constants, kept once. A
+  # policy that keeps all but that slice does not work: the blocks' scan
+  # turns it into per-layer copies, which no name reaches.
+  @functools.partial(jax.checkpoint, policy=policy)
   def one_stage(params_G, segment, x_bxLxD):
     mine = jax.tree.map(
         lambda p: jax.lax.dynamic_index_in_dim(p, segment, 0, False),

@@ -7,6 +7,8 @@ decoder-only LM, and `PathTransformer` with a single layer segment *is* the
 dense model.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -131,20 +133,28 @@ class PathTransformer(nn.Module):
                                     self.pipeline.stages)
              for name, _ in self.segments]
     if self.pipeline.kind == "circular":  # Segments of one length.
-      x_BxLxD = pipelined.circular(self._stage_fn(self.segments[0][1]),
-                                   split, x_BxLxD, self.pipeline)
+      # The schedule rematerializes each tick's stage as a whole, so its
+      # blocks do not: at the model's policy, and with remat "none" keeping
+      # the matmuls' outputs ("dots"), since keeping everything would keep
+      # a copy of the lap's parameters per tick (`pipelined.circular`).
+      plain = dataclasses.replace(self.dims, remat="none")
+      policy = _REMAT_POLICIES[
+          "dots" if self.dims.remat == "none" else self.dims.remat]
+      x_BxLxD = pipelined.circular(
+          self._stage_fn(self.segments[0][1], plain), split, x_BxLxD,
+          self.pipeline, policy=policy)
     else:
       for (_, n), params in zip(self.segments, split):
         x_BxLxD = pipelined.gpipe(self._stage_fn(n), params, x_BxLxD,
                                   self.pipeline)
     return pipelined.spread_over_stages(x_BxLxD)
 
-  def _stage_fn(self, segment_layers: int):
+  def _stage_fn(self, segment_layers: int, dims=None):
     """One stage of a segment: a plain LayerStack of n/S layers, detached
     (parent=None) so that it is applied to its slice of a slot's parameters
     instead of becoming a submodule with its own."""
-    stage = LayerStack(self.dims, segment_layers // self.pipeline.stages,
-                       parent=None)
+    stage = LayerStack(dims or self.dims,
+                       segment_layers // self.pipeline.stages, parent=None)
     return lambda p, x: stage.apply({"params": p}, x)
 
   def __call__(self, tokens_BxL):
