@@ -1,7 +1,10 @@
 # Sourced by bench/comm_quality.sh and bench/comm_sweep.sh: one arm's run
 # and the sharing of the base between arms. Expects $log, $work, $arms and
 # the arrays `common` (the main.py flags every arm shares) and ARMS
-# (name -> its flags), and $lanes.
+# (name -> its flags), and $lanes. With GPUS="0,1,2,3" the lanes spread over
+# those GPUs (lane i on GPU i mod 4; the baseline on the first), one
+# CUDA_VISIBLE_DEVICES each, instead of sharing the one GPU.
+IFS=, read -r -a _gpus <<< "${GPUS:-}"
 run() {  # name, then extra main.py flags
   local name=$1; shift
   echo "=== $name: $* ($(date -u +%H:%M:%S))" >> "$log"
@@ -18,12 +21,20 @@ share() {  # reuse the data and the dense base of run $1 in run $2
     mkdir -p "$work/$2/$(dirname $p)"; cp -r "$work/$1/$p" "$work/$2/$p"
   done
 }
+on_gpu() {  # lane index, then a command: the command on that lane's GPU
+  local lane=$1; shift
+  if (( ${#_gpus[@]} )); then
+    CUDA_VISIBLE_DEVICES=${_gpus[lane % ${#_gpus[@]}]} "$@"
+  else
+    "$@"
+  fi
+}
 run_lanes() {  # each named arm of ARMS from diloco_x8's base, $lanes at once
   local i=0 name
   for name in "$@"; do
     share diloco_x8 "$name"
     # shellcheck disable=SC2086
-    run "$name" ${ARMS[$name]} &
+    on_gpu "$i" run "$name" ${ARMS[$name]} &
     i=$((i + 1))
     if (( i % lanes == 0 )); then wait; fi
   done

@@ -22,7 +22,8 @@
 # Usage: [STEPS=3000] [MAX_CHARS=400000000] [LANES=3] [MODEL="flags"] \
 #        bash bench/comm_quality.sh OUT_DIR [WORK_DIR]
 # LANES arms train at once on the one GPU (small models leave it idle
-# between kernels). Expected: ~25 min on one H100 for the defaults; about
+# between kernels); with GPUS=0,1,2,3 they spread over those GPUs instead
+# (bench/comm_arms_lib.sh), e.g. LANES=8 for two arms a GPU. Expected: ~25 min on one H100 for the defaults; about
 # 8 min with STEPS=1500 MAX_CHARS=200000000.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +51,7 @@ declare -A ARMS=(
 )
 # shellcheck source=bench/comm_arms_lib.sh
 source bench/comm_arms_lib.sh
-run diloco_x8
+on_gpu 0 run diloco_x8
 run_lanes one_round int4_ef lowrank_ef eager e3m0 topk_ef
 best=$(python3 bench/comm_table.py "$arms" --choose)
 echo "=== combined arm: one_round + $best" >> "$log"

@@ -16,7 +16,7 @@
 #                         under the default outer Nesterov
 #   one_round_sparseloco  sparseloco one round late (the combined arm, fixed
 #                         in advance, not chosen)
-# Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] \
+# Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # Writes OUT_DIR/summary.md (python bench/comm_table.py on the arms; the
 # `--choose` line names the compressed arm with the lowest training loss)
@@ -49,7 +49,7 @@ declare -A ARMS=(
 )
 # shellcheck source=bench/comm_arms_lib.sh
 source bench/comm_arms_lib.sh
-run diloco_x8
+on_gpu 0 run diloco_x8
 run_lanes sparseloco one_round_avg topkc_ef one_round_sparseloco \
           one_round_m06 one_round_lr05
 { python3 bench/comm_table.py "$arms"
