@@ -57,7 +57,7 @@ best=$(python3 bench/comm_table.py "$arms" --choose)
 echo "=== combined arm: one_round + $best" >> "$log"
 share diloco_x8 one_round_best
 # shellcheck disable=SC2086
-run one_round_best --config.diloco.delay=one_round ${ARMS[$best]}
+on_gpu 0 run one_round_best --config.diloco.delay=one_round ${ARMS[$best]}
 python3 bench/comm_table.py "$arms" > "$out/summary.md"
 tar czf "$out/arms.tgz" -C "$arms" .
 cat "$out/summary.md"
