@@ -114,7 +114,8 @@ def _device_facts(fake_devices: int) -> dict:
   return json.loads(out.strip().splitlines()[-1])
 
 
-_REASON = re.compile(r"^F\d{4} |Check failed|RESOURCE_EXHAUSTED|Error:")
+_REASON = re.compile(
+    r"^F\d{4} |Check failed|RESOURCE_EXHAUSTED|Error:|may be stuck")
 
 
 def _run_row_in_child(stages: int, micro: int, devices: int, schedule: str,
@@ -139,17 +140,24 @@ def _run_row_in_child(stages: int, micro: int, devices: int, schedule: str,
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True,
                           timeout=timeout, env=env)
-  except subprocess.TimeoutExpired:
-    return dict(base, error=f"timed out after {timeout} s")
+  except subprocess.TimeoutExpired as e:
+    # What XLA said before the limit (e.g. device threads waiting at a
+    # collective for the others) tells a hang from a slow compile.
+    said = e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr
+    return dict(base, error=f"timed out after {timeout} s" + "".join(
+        f" | {x}" for x in _reasons(said or "")))
   rows = [x for x in proc.stdout.splitlines() if x.startswith("ROW ")]
   if rows:
     return json.loads(rows[-1][len("ROW "):])
   lines = [x for x in proc.stderr.splitlines() if x.strip()]
-  # An abort's last lines are a stack trace; its reason is the first fatal
-  # (F...) or error line, kept beside the tail.
-  reason = [x for x in lines if _REASON.search(x)][:2]
   return dict(base, error=f"exit {proc.returncode}: " + " | ".join(
-      reason + lines[-2:]))
+      _reasons(proc.stderr) + lines[-2:]))
+
+
+def _reasons(stderr: str) -> list[str]:
+  """An abort's last lines are a stack trace; its reason is the first fatal
+  (F...) or error line, kept beside the tail."""
+  return [x for x in stderr.splitlines() if _REASON.search(x)][:2]
 
 
 def main():
