@@ -2,8 +2,8 @@
 # and the sharing of the base between arms. Expects $log, $work, $arms and
 # the arrays `common` (the main.py flags every arm shares) and ARMS
 # (name -> its flags), and $lanes. With GPUS="0,1,2,3" the lanes spread over
-# those GPUs (lane i on GPU i mod 4; the baseline on the first), one
-# CUDA_VISIBLE_DEVICES each, instead of sharing the one GPU.
+# those GPUs (lane i on the (i mod 4)-th; the baseline and the combined arm
+# on the first), one CUDA_VISIBLE_DEVICES each, instead of sharing one GPU.
 IFS=, read -r -a _gpus <<< "${GPUS:-}"
 run() {  # name, then extra main.py flags
   local name=$1; shift

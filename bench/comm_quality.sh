@@ -23,8 +23,9 @@
 #        bash bench/comm_quality.sh OUT_DIR [WORK_DIR]
 # LANES arms train at once on the one GPU (small models leave it idle
 # between kernels); with GPUS=0,1,2,3 they spread over those GPUs instead
-# (bench/comm_arms_lib.sh), e.g. LANES=8 for two arms a GPU. Expected: ~25 min on one H100 for the defaults; about
-# 8 min with STEPS=1500 MAX_CHARS=200000000.
+# (bench/comm_arms_lib.sh), e.g. LANES=8 for two arms a GPU. Expected:
+# ~25 min on one H100 for the defaults; about 8 min with STEPS=1500
+# MAX_CHARS=200000000.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}; work=${2:-/tmp/comm_quality}
