@@ -172,6 +172,28 @@ def test_a_replay_after_garbage_collection(every_round, tmp_path):
   assert _inner_steps_on_store(run) == {w: [4 * H] for w in range(4)}
 
 
+def test_a_replay_advances_the_codec_carry(tmp_path):
+  # int4 with error feedback (the residual is carried) and the shared slot
+  # low rank (its warm start carried): replays re-encode every round, so
+  # the carries, and then the payloads, are the same bits as with K = 1.
+  settings = dict(compression="int4", error_feedback=True,
+                  compression_block_size=64,
+                  per_slot="shared=compression:lowrank+rank_max:2")
+  banks = []
+  for every in (1, 2):
+    exp = test_islands._experiment(tmp_path / f"k{every}", num_steps=4 * H,
+                                   **settings)
+    run = tmp_path / f"k{every}" / "islands"
+    spec = _setup(exp, run, every)
+    runners = [_runner(run, spec, f"w{i}") for i in range(2)]
+    _rounds(exp, run, spec, lambda r, g: runners[(r + g) % 2],
+            range(spec.num_rounds))
+    assert sum(x.replayed_rounds for x in runners) == (0 if every == 1
+                                                       else 4)
+    banks.append(_final(exp, run, spec))
+  _assert_same_bits(*banks)
+
+
 def test_every_k_rounds_is_refused_with_the_one_round_delay():
   config = testing.tiny_config("2x2", inner_steps=2, num_steps=4)
   config.diloco.delay = "one_round"

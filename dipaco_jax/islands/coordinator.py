@@ -7,7 +7,8 @@ Task (r, g) is ready when every module g uses is committed at version r
 (its outer step of round r - 1 is done); with DiLoCoX's one-round delay,
 when every task of round r - 1 is done (the outer step then runs while
 round r trains); it is done when its outputs (each
-worker's AdamW state and contributions) are committed. Workers pull: a
+worker's contributions, and AdamW state: with `inner_state_every` = K only
+every K rounds, `islands/replay.py`) are committed. Workers pull: a
 live worker without a task gets the oldest ready one, so a faster worker
 does more tasks and a worker started mid-run simply joins. A worker is live
 while its heartbeat file changes; one silent for `lease_timeout_s` loses

@@ -54,9 +54,18 @@ def train_round(runner, task, program, bank, local_GxS, inner_params,
 
 
 def needs_replay(runner, task) -> bool:
-  """Whether round r's start state must be rebuilt: it is not committed
-  (and cannot be: r is not a commit boundary). With K = 1, never."""
-  return runner.spec.last_commit_round(task.round_index) < task.round_index
+  """Whether round r's start state must be rebuilt: r is not a commit
+  boundary (with K = 1 every round is: never) and the state is neither
+  kept by this worker nor committed."""
+  r, group = task.round_index, task.group
+  if runner.spec.last_commit_round(r) == r:
+    return False
+  step = r * runner.spec.inner_steps
+  kept = runner._kept  # pylint: disable=protected-access
+  if kept is not None and kept[:2] == (group, step):
+    return False
+  return not all(layout.committed(layout.inner_dir(runner.run, w, step))
+                 for w in group)
 
 
 def _start_round(runner, task) -> int:

@@ -18,6 +18,12 @@ anywhere costs at most its unfinished task. With DiLoCoX's one-round
 delay a task is `islands/delayed.py`'s instead (own anchors, uploads in
 the background, the next round trained ahead).
 
+With `--inner_state_every=K` > 1 the AdamW states (the largest share of
+the bytes a worker writes) are committed only every K rounds and at the
+last; a task whose start state this worker does not keep (moved, or a
+restart) replays up to K - 1 rounds from the last commit, writing nothing
+(`islands/replay.py`), and the store keeps up to K module versions.
+
 The worker learns its task from `control/assign/{worker_id}.json` (written
 by the coordinator alone) and reports liveness in
 `control/heartbeat/{worker_id}.json` (written by it alone,
@@ -196,13 +202,8 @@ class TaskRunner:
 
   def _load_inner(self, task: Task, program: GroupProgram, inner_params):
     """(AdamW state, codec carry) of the group at the round's start: kept,
-    read, or (not committed, `inner_state_every` > 1) replayed."""
-    step = task.round_index * self.spec.inner_steps
-    if (replay.needs_replay(self, task)
-        and not (self._kept is not None
-                 and self._kept[:2] == (task.group, step))
-        and not all(layout.committed(layout.inner_dir(self.run, w, step))
-                    for w in task.group)):
+    read, or with `inner_state_every` > 1 replayed (`islands/replay.py`)."""
+    if replay.needs_replay(self, task):
       return replay.replay(self, task, program)
     return self.load_inner_at(task, program, inner_params)
 
