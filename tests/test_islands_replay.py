@@ -113,7 +113,7 @@ def test_moved_tasks_replay_and_end_with_the_same_bits(every_round,
   # One round replayed per group in rounds 1 and 3.
   assert sum(x.replayed_rounds for x in runners) == 4
   replays = [l for l in lines if "replayed" in l]
-  assert len(replays) == 4 and "from round 2 (1 rounds" in replays[-1], (
+  assert len(replays) == 4 and "from round 2: 1 round(s)" in replays[-1], (
       replays)
   # Inner states only at the commit rounds' ends: steps 2H and 4H.
   assert _inner_steps_on_store(run) == {w: [2 * H, 4 * H] for w in range(4)}

@@ -100,7 +100,7 @@ def replay(runner, task, program):
     opt_state = state["inner"]["opt_state"]
   runner.replayed_rounds += r - c
   runner.log(f"round {r} workers {list(task.group)}: start state replayed "
-             f"from round {c} ({r - c} rounds, nothing written), "
+             f"from round {c}: {r - c} round(s) run again, nothing written, "
              f"{time.monotonic() - t0:.1f} s")
   return opt_state, carry
 
