@@ -61,7 +61,7 @@ def run(config, workdir: str, islands=None) -> dict:
   separate processes exchanging modules through a store."""
   if islands is not None:
     from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
-    launcher.check_config(config)
+    launcher.check_config(config, islands)
   lock = lock_lib.WorkdirLock(workdir)
   # The other processes wait for process 0's lock, and stop with it when
   # another job holds the workdir.

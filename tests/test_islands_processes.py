@@ -63,19 +63,42 @@ class Chaos(threading.Thread):
         self.killed.append(role)
 
 
-def _train(tmp_path, name, chaos_plan=(), num_steps=16, stages=1):
+class KillAfterRound(Chaos):
+  """SIGKILLs one worker once some contribution of round `r` is
+  committed (the workers are then in rounds r .. r + 1)."""
+
+  def __init__(self, run, round_index: int):
+    super().__init__(run, ["worker"], every_s=0.0)
+    self.round_index = round_index
+
+  def run(self):
+    contribs = pathlib.Path(self.store, "contrib",
+                            f"r{self.round_index:06d}")
+    while not self.stop.wait(0.05):
+      if layout.done_path(self.store).exists():
+        return
+      if any(layout.committed(d) for d in contribs.glob("*/*")):
+        pids = role_pids(self.store, "worker")
+        if pids:
+          os.kill(self.rng.choice(pids), signal.SIGKILL)
+          self.killed.append("worker")
+          return
+
+
+def _train(tmp_path, name, chaos_plan=(), num_steps=16, stages=1,
+           chaos=None, **options):
   exp = test_islands._experiment(tmp_path / name, num_steps=num_steps,
                                  stages=stages)
   # Two executors for the five modules (dealt round robin, so each steps
   # several): three processes fewer to start (and to import JAX) per run.
-  options = launcher.IslandOptions(num_workers=2, fake_devices=stages,
-                                   num_executors=2, heartbeat_s=0.5,
-                                   lease_timeout_s=4.0)
+  options = launcher.IslandOptions(**{
+      **dict(num_workers=2, fake_devices=stages, num_executors=2,
+             heartbeat_s=0.5, lease_timeout_s=4.0), **options})
   run = pathlib.Path(exp.run_dir).parent.parent / "islands" / exp.name
   # A kill about every 2 s: the five land within ~11 s of the first beat,
   # well before the end even though a restarted role finds its programs in
   # the session's compilation cache (conftest.py) and is back in seconds.
-  chaos = Chaos(run, chaos_plan, every_s=2.0)
+  chaos = chaos(run) if chaos else Chaos(run, chaos_plan, every_s=2.0)
   chaos.start()
   try:
     result = launcher.train_experiment(exp, options)
@@ -131,3 +154,26 @@ def test_pipelined_units_survive_kills(tmp_path):
       for slot in exp.topology.slots for e in range(slot.num_experts)
       for stage in (("/stage0", "/stage1") if slot.layers else ("",))}
   assert not list(pathlib.Path(run, "contrib").glob("r*"))
+
+
+def test_a_killed_worker_replays_with_inner_state_every(tmp_path):
+  # AdamW states committed every 4 rounds (and at the 8th), one group of 2
+  # paths per worker; a worker killed once round 1 is committed comes back
+  # with nothing kept: its next task (round 1, 2 or 3) replays from the
+  # fresh init. The result is the run with every state committed (and no
+  # kill), bit for bit; only the final modules and inner states remain.
+  calm, _, _, _ = _train(tmp_path, "calm", paths_per_task=2)
+  stormy, killed, run, _ = _train(
+      tmp_path, "stormy", paths_per_task=2, inner_state_every=4,
+      chaos=lambda run: KillAfterRound(run, 1))
+  assert killed == ["worker"], "the run ended before the kill"
+  for a, b in zip(jax.tree.leaves(calm.state["outer"]["params"]),
+                  jax.tree.leaves(stormy.state["outer"]["params"])):
+    np.testing.assert_array_equal(a, b)
+  logs = "".join(p.read_text() for p in pathlib.Path(run, "logs").glob(
+      "worker_*.log"))
+  assert "start state replayed from round 0" in logs
+  assert {p.name for p in pathlib.Path(run, "modules").glob("*/*/v*")} == {
+      "v000008"}
+  assert {p.name for p in pathlib.Path(run, "inner").glob("*/s*")} == {
+      "s00000016"}

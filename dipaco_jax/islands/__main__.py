@@ -49,6 +49,12 @@ _LINK_MBPS = flags.DEFINE_float(
 _LINK_LATENCY = flags.DEFINE_float(
     "link_latency_ms", 0.0, "The emulated link's latency per transfer.",
     lower_bound=0.0)
+_INNER_STATE_EVERY = flags.DEFINE_integer(
+    "inner_state_every", 1, "Commit the workers' AdamW states (and codec "
+    "carries) every K rounds and at the last, not every round: fewer bytes "
+    "written; a task that moves to another worker, or a restarted one, "
+    "replays up to K - 1 rounds, and the store keeps up to K module "
+    "versions. Not with config.diloco.delay=one_round.", lower_bound=1)
 _LEASE_TIMEOUT = flags.DEFINE_float(
     "lease_timeout_s", 20.0, "A worker whose heartbeat is this old loses "
     "its task.", lower_bound=1.0)
@@ -66,6 +72,7 @@ def main(argv):
       lease_timeout_s=_LEASE_TIMEOUT.value,
       gpus_per_machine=_GPUS.value,
       link_mbps=_LINK_MBPS.value, link_latency_ms=_LINK_LATENCY.value,
+      inner_state_every=_INNER_STATE_EVERY.value,
       slowdown_s={w: float(t) for w, t in (
           item.split(":") for item in _SLOW_WORKERS.value)})
   main_lib.main(argv, islands=options)

@@ -7,7 +7,8 @@ Task (r, g) is ready when every module g uses is committed at version r
 (its outer step of round r - 1 is done); with DiLoCoX's one-round delay,
 when every task of round r - 1 is done (the outer step then runs while
 round r trains); it is done when its outputs (each
-worker's AdamW state and contributions) are committed. Workers pull: a
+worker's contributions, and AdamW state: with `inner_state_every` = K only
+every K rounds, `islands/replay.py`) are committed. Workers pull: a
 live worker without a task gets the oldest ready one, so a faster worker
 does more tasks and a worker started mid-run simply joins. A worker is live
 while its heartbeat file changes; one silent for `lease_timeout_s` loses
@@ -72,8 +73,10 @@ class Coordinator:
   def task_done(self, round_index: int, group: int) -> bool:
     h = self.spec.inner_steps
     workers = self.groups[group]
+    # With `inner_state_every` > 1, inner states only on commit rounds.
+    inner = workers if self.spec.commits_inner(round_index) else ()
     return all(layout.committed(layout.inner_dir(
-        self.run, w, (round_index + 1) * h)) for w in workers) and all(
+        self.run, w, (round_index + 1) * h)) for w in inner) and all(
             layout.committed(layout.contrib_dir(self.run, round_index, w, k))
             for w in workers for keys in self.unit_keys for k in keys)
 
@@ -178,24 +181,35 @@ class Coordinator:
         out[(task["round"], self.groups.index(tuple(task["group"])))] = worker
     return out
 
+  def _replay_from(self, round_index: int) -> int:
+    """The first round a task of `round_index` may read (modules, inner
+    state): itself, or with `inner_state_every` = K > 1, the last commit
+    round a replay starts from (`islands/replay.py`); a finished group
+    needs nothing before its end."""
+    if round_index >= self.num_rounds:
+      return self.num_rounds
+    return self.spec.last_commit_round(round_index)
+
   def collect_garbage(self) -> None:
     """Deletes what no task or outer step can read again, so a long run
-    keeps about one round on the store: a group's AdamW states before its
-    next round, contributions of rounds whose outer steps are all
-    committed, and module versions (and their optimizer states) that every
-    task and outer step has moved past. The final modules stay."""
+    keeps about one round on the store (K rounds with `inner_state_every`
+    = K, for replays): a group's AdamW states before the state its next
+    round starts or replays from, and module versions (with their
+    optimizer states and contributions) that every task, replay and outer
+    step has moved past. The final modules stay."""
     h = self.spec.inner_steps
     for g, workers in enumerate(self.groups):
+      keep = self._replay_from(self.frontier[g]) * h
       for w in workers:
-        for step in range(self._collected["inner"].get(w, 0),
-                          self.frontier[g] * h, h):
+        first = self._collected["inner"].get(w, 0)
+        for step in range(first, keep, h):
           _remove(layout.inner_dir(self.run, w, step))
-        self._collected["inner"][w] = self.frontier[g] * h
-    oldest_round = min(self.frontier)
+        self._collected["inner"][w] = max(first, keep)
+    oldest_round = self._replay_from(min(self.frontier))
     modules = self._units(slice(None))  # Stages' keys included.
-    # Version v is read by round v's tasks and by round v's outer step
-    # (which writes v + 1): done once every group passed round v and every
-    # module has v + 1.
+    # Version v is read by round v's tasks (and replays) and by round v's
+    # outer step (which writes v + 1): done once every group passed round
+    # v and every module has v + 1.
     while self._collected["version"] < oldest_round and all(
         layout.committed(layout.module_dir(
             self.run, name, e, self._collected["version"] + 1))

@@ -28,6 +28,7 @@ from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.errors import UserError
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import replay
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import atomic
@@ -54,6 +55,8 @@ class IslandOptions:
   slowdown_s: dict = dataclasses.field(default_factory=dict)  # id -> s
   link_mbps: float = 0.0  # Emulated link of every role (store/link.py).
   link_latency_ms: float = 0.0
+  # Commit the workers' AdamW states every K rounds (RunSpec).
+  inner_state_every: int = 1
 
 
 def role_command(role: str, run, *args: str) -> list[str]:
@@ -303,7 +306,7 @@ def _after_round0(tasks, tokens_per_task_path: int) -> float | None:
           / max(end - start, 1e-9))
 
 
-def check_config(config) -> None:
+def check_config(config, options: IslandOptions | None = None) -> None:
   """What islands cannot run yet, refused before any stage runs."""
   slots = paths_lib.topology_from_config(config).slots
   delays = {c.delay for c in comm_lib.comm_by_slot(config, slots).values()}
@@ -313,13 +316,14 @@ def check_config(config) -> None:
         "slot, none or one_round; eager and per-slot delays are simulated "
         "by dipaco_jax.main only.")
   units_lib.check_codecs(config)
+  replay.check_options(config, options and options.inner_state_every)
 
 
 def train_experiment(exp, options: IslandOptions, init_bank=None,
                      after_outer_step=()) -> loop.TrainResult:
   """Trains `exp` (a multi-worker `stages.experiment.Experiment`) through
   islands; returns what the SPMD loop would."""
-  check_config(exp.config)
+  check_config(exp.config, options)
   if after_outer_step:
     raise IslandError(
         "config.eval.early_stopping: per-path early stopping is not "
@@ -340,7 +344,8 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
       heartbeat_s=options.heartbeat_s,
       lease_timeout_s=options.lease_timeout_s,
       link_mbps=options.link_mbps,
-      link_latency_ms=options.link_latency_ms)
+      link_latency_ms=options.link_latency_ms,
+      inner_state_every=options.inner_state_every)
   check_spec(run, spec)
   log = lambda msg: print(f"[{exp.name}] islands: {msg}", flush=True)
   trained_path = run / "TRAINED.json"

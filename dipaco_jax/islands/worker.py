@@ -18,6 +18,12 @@ anywhere costs at most its unfinished task. With DiLoCoX's one-round
 delay a task is `islands/delayed.py`'s instead (own anchors, uploads in
 the background, the next round trained ahead).
 
+With `--inner_state_every=K` > 1 the AdamW states (the largest share of
+the bytes a worker writes) are committed only every K rounds and at the
+last; a task whose start state this worker does not keep (moved, or a
+restart) replays up to K - 1 rounds from the last commit, writing nothing
+(`islands/replay.py`), and the store keeps up to K module versions.
+
 The worker learns its task from `control/assign/{worker_id}.json` (written
 by the coordinator alone) and reports liveness in
 `control/heartbeat/{worker_id}.json` (written by it alone,
@@ -32,7 +38,6 @@ import time
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax.data import batches as batches_lib
@@ -42,6 +47,7 @@ from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import delayed
 from dipaco_jax.islands import heartbeat as heartbeat_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import replay
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import unit_io
 from dipaco_jax.islands import units as units_lib
@@ -133,6 +139,7 @@ class TaskRunner:
     # (group, step, anchor, AdamW, codec carry).
     self._kept = None
     self.kept = None
+    self.replayed_rounds = 0  # Rounds re-run to rebuild a start state.
     self.speculated = None  # A delayed group's next round, trained ahead.
     self.prefetch = None  # delayed._Prefetch: its next module version.
     self.delayed = self.config.diloco.delay == "one_round"
@@ -158,7 +165,8 @@ class TaskRunner:
     """The keys a finished task has committed."""
     h = self.spec.inner_steps
     keys = [layout.inner_dir(self.run, w, (task.round_index + 1) * h)
-            for w in task.group]
+            for w in task.group
+            if self.spec.commits_inner(task.round_index)]
     keys += [k for w in task.group
              for k in unit_io.contribution_keys(self, task.round_index, w)]
     return keys
@@ -193,7 +201,15 @@ class TaskRunner:
             else program.worker_opt_like)
 
   def _load_inner(self, task: Task, program: GroupProgram, inner_params):
-    """(AdamW state, codec carry) of the group at the round's start."""
+    """(AdamW state, codec carry) of the group at the round's start: kept,
+    read, or with `inner_state_every` > 1 replayed (`islands/replay.py`)."""
+    if replay.needs_replay(self, task):
+      return replay.replay(self, task, program)
+    return self.load_inner_at(task, program, inner_params)
+
+  def load_inner_at(self, task: Task, program: GroupProgram, inner_params):
+    """(AdamW state, codec carry) of the group at the round's start, kept
+    or committed (the fresh init at round 0)."""
     runtime = program.runtime
     if task.round_index == 0:
       return (jax.vmap(runtime.inner_tx.init)(inner_params),
@@ -228,29 +244,17 @@ class TaskRunner:
                f"{time.monotonic() - t0:.1f} s (" + ", ".join(
                    f"{k} {v:.2f} s" for k, v in self.phases.items()) + ")")
       return losses
-    runtime = program.runtime
     bank, local_GxS = self.load_bank(task, program)
     inner_params = outer_lib.gather_workers(bank, local_GxS, self.slot_names)
     opt_state, carry = self._load_inner(task, program, inner_params)
-    state = {
-        "step": np.int32(task.round_index * self.spec.inner_steps),
-        "inner": {"params": inner_params, "opt_state": opt_state},
-        # Passed through the inner step untouched.
-        "outer": {"params": bank,
-                  "opt_state": outer_lib.init_outer_opt_state(
-                      runtime.outer_tx, bank)},
-    }
-    state = jax.device_put(state, runtime.state_shardings)
-    state, losses_HxG = self.inner_steps(task, runtime, state)
-    contribs = outer_lib.contributions(
-        jax.tree.map(jnp.asarray, bank), state["inner"]["params"],
-        local_GxS, self.slot_names)
-    # Compressed slots: their payloads, and what their codecs carry on.
     # Payloads stay on device: each unit's writer copies its own.
-    payloads, carry = self.wire.encode_units(contribs, carry, self.num_units)
+    state, losses_HxG, payloads, carry = replay.train_round(
+        self, task, program, bank, local_GxS, inner_params, opt_state, carry)
     carry = jax.device_get(carry)
     self._kept = None
-    opt_state = jax.device_get(state["inner"]["opt_state"])
+    # Copied to the host only when committed (`RunSpec.commits_inner`).
+    opt_state = (jax.device_get(state["inner"]["opt_state"])
+                 if self.spec.commits_inner(task.round_index) else None)
     loss_G = losses_HxG.mean(axis=0)
     self._write(task, payloads, opt_state, carry, loss_G)
     self._kept = (task.group, (task.round_index + 1) * self.spec.inner_steps,
@@ -304,7 +308,7 @@ class TaskRunner:
     # then); the re-run's contributions are the committed bytes.
     self.write_contributions(task, payloads, loss_G)
     inner = {"opt": opt_state, "wire": carry} if carry else opt_state
-    for i, w in enumerate(task.group):
+    for i, w in enumerate(task.group if opt_state is not None else ()):
       key = layout.inner_dir(self.run, w, (r + 1) * h)
       items.save_tree(key, items.worker_of(inner, i),
                       {"round": r, "worker": w})
