@@ -21,9 +21,10 @@
 # dipaco4: experiments/dipaco_2x2.py, 4 workers holding one path each,
 #   against the SPMD run of the same config on one GPU (its 4 paths
 #   vmapped, and its dense baseline: one path's model alone).
-# ARMS words are DELAY:H or DELAY:H:K, K: kill -9 worker w1 K seconds
-# after the first heartbeat (the launcher restarts it; compare the wall
-# time with the same arm without K).
+# ARMS words are DELAY:H, DELAY:H:K or DELAY:H:K:E, K: kill -9 worker w1
+# K seconds after the first heartbeat (the launcher restarts it; compare
+# the wall time with the same arm without K); E: --inner_state_every=E
+# (the AdamW states committed every E rounds; none:1000::4 without a kill).
 # An arm named twice runs twice (the second's files end in _rep2).
 # DETERMINISTIC=1 adds --xla_gpu_deterministic_ops=true to XLA_FLAGS (every
 # run of the call), to tell GPU non-determinism from a resume that differs.
@@ -90,11 +91,12 @@ case $part in
     cp $a/runs/$run/logs/train/metrics.jsonl "$out/${name}_spmd1_metrics.jsonl"
     [[ $run == dipaco ]] && cp $a/runs/dense/logs/train/metrics.jsonl \
       "$out/${name}_dense1_metrics.jsonl"
-    # ARMS: DELAY:H[:K] (H inner steps per round; K: kill -9 worker w1 K
-    # seconds after the workers' first heartbeat; the launcher restarts it).
+    # ARMS: DELAY:H[:K[:E]] (H inner steps per round; K: kill -9 worker w1
+    # K seconds after the workers' first heartbeat, the launcher restarts
+    # it; E: --inner_state_every=E, e.g. none:1000::4 without a kill).
     for arm in ${ARMS:-none:100}; do
-      IFS=: read -r delay h kill <<< "$arm"
-      tag=${delay}_h$h${kill:+_kill$kill}
+      IFS=: read -r delay h kill every <<< "$arm"
+      tag=${delay}_h$h${kill:+_kill$kill}${every:+_every$every}
       # An arm named twice runs twice (is the calm run reproducible?).
       rep=1; base_tag=$tag
       while [[ -e "$out/${name}_islands${n}_${tag}_stats.json" ]]; do
@@ -104,6 +106,7 @@ case $part in
       python3 -m dipaco_jax.islands --config=$cfg \
         --workdir=$b "${corpus[@]}" "${steps[@]}" "${shape[@]}" \
         --config.diloco.inner_steps=$h --config.diloco.delay=$delay \
+        ${every:+--inner_state_every=$every} \
         --num_workers=$n --gpus_per_worker_machine=$n >> "$log" 2>&1 &
       job=$!
       if [[ -n $kill ]]; then

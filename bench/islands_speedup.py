@@ -3,8 +3,8 @@ r"""The island tables of issues 10 and 15 from `bench/islands_gpu.sh`.
   python bench/islands_speedup.py OUT
 
 Reads OUT/{diloco,dipaco}_spmd1_metrics.jsonl (the SPMD run on one GPU)
-and OUT/{diloco,dipaco}_islands{N}_{DELAY}_h{H}[_kill{K}][_rep{R}]_{stats,results}.json
-(N worker processes, one GPU each) and prints, per island arm, the aggregate tokens/s
+and OUT/{diloco,dipaco}_islands{N}_{DELAY}_h{H}[_kill{K}][_every{E}]
+[_rep{R}]_{stats,results}.json (N worker processes, one GPU each) and prints, per island arm, the aggregate tokens/s
 after round 0 (launcher.task_stats: no compilation) against the SPMD run's
 steady tokens/s (the median of its progress rows after the first, which
 carries compilation), the share of the workers' wall time spent waiting
@@ -70,9 +70,11 @@ def table(out: pathlib.Path, name: str) -> None:
         "mean task phases (s) | perplexity |")
   print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   for path in sorted(out.glob(f"{name}_islands*_stats.json")):
-    n, delay, h, kill, rep = re.fullmatch(
-        rf"{name}_islands(\d+)_(\w+?)_h(\d+)(?:_kill(\d+))?(?:_rep(\d+))?"
-        r"_stats.json", path.name).groups()
+    n, delay, h, kill, every, rep = re.fullmatch(
+        rf"{name}_islands(\d+)_(\w+?)_h(\d+)(?:_kill(\d+))?(?:_every(\d+))?"
+        r"(?:_rep(\d+))?_stats.json", path.name).groups()
+    if every:  # --inner_state_every (bench/islands_gpu.sh's 4th field).
+      delay = f"{delay}, AdamW every {every}"
     if rep:  # The same arm run again (bench/islands_gpu.sh).
       delay = f"{delay} (run {rep})"
     stats = json.loads(path.read_text())
