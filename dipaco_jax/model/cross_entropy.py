@@ -12,10 +12,12 @@ backward is written out: the cotangent of the logits is
 
 from the logits as the head made them (compute dtype, kept for the
 backward, where autodiff kept their float32 copy) and the per-token
-logsumexp (float32, [N]), emitted in the logits' dtype: one read and one write of the logits'
-size. The forward is optax's formula in float32. Numerics: the loss is the
-same float32 math up to the order of operations (1e-6 relative); the
-gradient is rounded to the compute dtype at the same point as before (the
+logsumexp (float32, [N]), emitted in the logits' dtype: one read and one
+write of the logits' size. Measured on an H100 it took the loss's part of
+the step from 6.9 to 5.5 ms, but the step as a whole did not get faster
+(BUILD_NOTES). The forward is optax's formula in float32. Numerics: the
+loss is the same float32 math up to the order of operations (1e-6
+relative); the gradient is rounded to the compute dtype at the same point as before (the
 head's matmul takes it in that dtype either way), so in bfloat16 it may
 differ from autodiff's by one rounding step (tests/test_cross_entropy.py).
 """
