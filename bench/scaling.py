@@ -91,11 +91,12 @@ def parent(args):
   results = []
   # The first n of the GPUs this process may use (all, unless the caller
   # set CUDA_VISIBLE_DEVICES: then other work can run on the others).
-  visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-  visible = [x for x in visible if x] or [str(i) for i in range(8)]
+  visible = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+             if x]
   for config in args.configs.split(","):
     for n in (int(x) for x in args.devices.split(",")):
-      env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(visible[:n]))
+      gpus = visible[:n] if visible else [str(i) for i in range(n)]
+      env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(gpus))
       cmd = [sys.executable, __file__, "--child", f"--config={config}",
              f"--steps={args.steps}", f"--log_every={args.log_every}"] + [
                  f"--set={s}" for s in args.set]
