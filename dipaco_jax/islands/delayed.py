@@ -38,6 +38,7 @@ import numpy as np
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import background
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import replay
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import items
 
@@ -118,27 +119,71 @@ def _version(runner, task, program):
   return _read_version(runner, task, program)
 
 
-def _start(runner, task, program):
-  """(anchor [G, ...], AdamW state, codec carry) the group's round starts
-  from: on device when this worker trained the round before, else from the
-  store."""
-  r, h = task.round_index, runner.spec.inner_steps
-  if r == 0:
-    bank, local_GxS = runner.load_bank(task, program)
-    anchor = outer_lib.gather_workers(bank, local_GxS, runner.slot_names)
-    return (anchor, jax.vmap(program.runtime.inner_tx.init)(anchor),
-            runner.wire.init_carry(anchor))
-  kept = runner.kept
-  if kept is not None and kept[:2] == (task.group, r * h):
-    return kept[2], kept[3], kept[4]
+def _fresh(runner, task, program):
+  """Round 0's start: version 0 of the group's modules, a fresh AdamW
+  state and codec carry."""
+  bank, local_GxS = runner.load_bank(task, program)
+  anchor = outer_lib.gather_workers(bank, local_GxS, runner.slot_names)
+  return (anchor, jax.vmap(program.runtime.inner_tx.init)(anchor),
+          runner.wire.init_carry(anchor))
+
+
+def _committed(runner, task, program):
+  """The group's start state of `task`'s round as its workers committed
+  it (`inner/{w}/s{rH}`)."""
   rows = []
   for w in task.group:
-    key = layout.inner_dir(runner.run, w, r * h)
+    key = layout.inner_dir(runner.run, w, task.round_index *
+                           runner.spec.inner_steps)
     tree, _ = items.load_tree(key, inner_like(runner, program))
-    runner.meter.add("read", r, key)
+    runner.meter.add("read", task.round_index, key)
     rows.append(tree)
   stacked = jax.tree.map(lambda *x: np.stack(x), *rows)
   return stacked["anchor"], stacked["opt"], stacked.get("wire", {})
+
+
+def _start(runner, task, program):
+  """(anchor [G, ...], AdamW state, codec carry) the group's round starts
+  from: on device when this worker trained the round before, else from the
+  store, or with `inner_state_every` = K > 1 replayed from the last
+  commit."""
+  r, h = task.round_index, runner.spec.inner_steps
+  if r == 0:
+    return _fresh(runner, task, program)
+  kept = runner.kept
+  if kept is not None and kept[:2] == (task.group, r * h):
+    return kept[2], kept[3], kept[4]
+  if replay.needs_replay(runner, task, kept):
+    return _replay(runner, task, program)
+  return _committed(runner, task, program)
+
+
+def _replay(runner, task, program):
+  """The delayed rule of `replay.py`: from the last committed start state
+  (round c; the fresh init at 0), each round j < r is trained again from
+  its anchor, its contributions re-encoded (the codec carry advances), and
+  the next anchor made from version j exactly as the first run made it:
+  the same bits, nothing written. Logs one line."""
+  t0 = time.monotonic()
+  r = task.round_index
+  c = replay.start_round(runner, task)
+  past = dataclasses.replace(task, round_index=c)
+  start = (_fresh(runner, past, program) if c == 0
+           else _committed(runner, past, program))
+  for j in range(c, r):
+    past = dataclasses.replace(task, round_index=j)
+    done = train(runner, past, program, start=start)
+    _, carry = runner.wire.encode_units(
+        _contributions(done.anchor, done.params), done.carry,
+        runner.num_units)
+    version = _read_version(runner, past, program)
+    start = (_next_anchor(done.params, version, done.anchor),
+             done.opt_state, carry)
+  runner.replayed_rounds += r - c
+  runner.log(f"round {r} workers {list(task.group)}: start state replayed "
+             f"from round {c}: {r - c} round(s) run again, nothing written, "
+             f"{time.monotonic() - t0:.1f} s")
+  return start
 
 
 @jax.jit
@@ -163,15 +208,18 @@ def _next_anchor(params, start, anchor):
                       params, start, anchor)
 
 
-def train(runner, task, program, outer=None,
-          after_first_dispatch=None) -> Trained:
+def train(runner, task, program, outer=None, after_first_dispatch=None,
+          start=None) -> Trained:
   """H inner steps of the group from its anchor (nothing written). `outer`
   is a pass-through bank of the right shapes (None: made here);
-  `after_first_dispatch()` runs once the device has steps queued."""
+  `after_first_dispatch()` runs once the device has steps queued; `start`
+  is (anchor, AdamW state, codec carry), None: `_start`'s."""
   t0 = time.monotonic()
   r, h = task.round_index, runner.spec.inner_steps
   runtime = program.runtime
-  anchor, opt_state, carry = _start(runner, task, program)
+  if start is None:
+    start = _start(runner, task, program)
+  anchor, opt_state, carry = start
   anchor = jax.device_put(anchor, runtime.state_shardings["inner"]["params"])
   if outer is None:
     # The inner step passes the bank through untouched: any [G, ...] tree
@@ -222,12 +270,14 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
   start = _version(runner, task, program)
   t_version = time.monotonic() - t_version
   next_anchor = _next_anchor(done.params, start, done.anchor)
-  inner = {"opt": _copy(done.opt_state), "anchor": next_anchor}
-  if carry:
-    inner["wire"] = carry
   uploads = [background.Background(_write_contributions, runner, task,
-                                   payloads, done.loss_G),
-             background.Background(_write_inner, runner, task, inner)]
+                                   payloads, done.loss_G)]
+  # With `inner_state_every` = K > 1 only every K rounds (and the last).
+  if runner.spec.commits_inner(r):
+    inner = {"opt": _copy(done.opt_state), "anchor": next_anchor}
+    if carry:
+      inner["wire"] = carry
+    uploads.append(background.Background(_write_inner, runner, task, inner))
 
   def start_uploads():
     # Started once the next round's first steps are queued: the uploads'

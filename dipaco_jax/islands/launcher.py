@@ -316,7 +316,7 @@ def check_config(config, options: IslandOptions | None = None) -> None:
         "slot, none or one_round; eager and per-slot delays are simulated "
         "by dipaco_jax.main only.")
   units_lib.check_codecs(config)
-  replay.check_options(config, options and options.inner_state_every)
+  replay.check_options(options and options.inner_state_every)
 
 
 def train_experiment(exp, options: IslandOptions, init_bank=None,

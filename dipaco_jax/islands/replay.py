@@ -13,7 +13,8 @@ advance the codec carry, writing nothing (those rounds' contributions are
 committed already, and a re-run would write the same bytes). Every input
 is the same pure function of the store as in the first run (modules at
 version j, batches of seed, worker and step), so the replayed state is the
-same bits.
+same bits. A delayed task (`islands/delayed.py`) replays by the same rule,
+its anchor part of the state (`delayed._replay`).
 """
 
 import dataclasses
@@ -53,22 +54,21 @@ def train_round(runner, task, program, bank, local_GxS, inner_params,
   return state, losses_HxG, payloads, carry
 
 
-def needs_replay(runner, task) -> bool:
+def needs_replay(runner, task, kept) -> bool:
   """Whether round r's start state must be rebuilt: r is not a commit
   boundary (with K = 1 every round is: never) and the state is neither
-  kept by this worker nor committed."""
+  `kept` by this worker ((group, step, ...) or None) nor committed."""
   r, group = task.round_index, task.group
   if runner.spec.last_commit_round(r) == r:
     return False
   step = r * runner.spec.inner_steps
-  kept = runner._kept  # pylint: disable=protected-access
   if kept is not None and kept[:2] == (group, step):
     return False
   return not all(layout.committed(layout.inner_dir(runner.run, w, step))
                  for w in group)
 
 
-def _start_round(runner, task) -> int:
+def start_round(runner, task) -> int:
   """The latest round c < r whose start state every worker of the group
   committed, else 0 (the fresh init): (r // K) * K in a run that kept to
   K; searched, so that a store continued with another K finds its last
@@ -86,7 +86,7 @@ def replay(runner, task, program):
   rebuilt from the last committed state; logs one line."""
   t0 = time.monotonic()
   r = task.round_index
-  c = _start_round(runner, task)
+  c = start_round(runner, task)
   opt_state = carry = None
   for j in range(c, r):
     past = dataclasses.replace(task, round_index=j)
@@ -105,15 +105,8 @@ def replay(runner, task, program):
   return opt_state, carry
 
 
-def check_options(config, inner_state_every) -> None:
-  """`inner_state_every` (None: the default, 1) against the config: a
-  delayed task (`islands/delayed.py`) keeps its own state in flight, so it
-  commits every round."""
+def check_options(inner_state_every) -> None:
+  """`inner_state_every` (None: the default, 1) must be at least 1."""
   every = 1 if inner_state_every is None else int(inner_state_every)
   if every < 1:
     raise UserError(f"--inner_state_every ({every}) must be at least 1")
-  if every > 1 and config.diloco.delay == "one_round":
-    raise UserError(
-        f"--inner_state_every={every} with config.diloco.delay=one_round: "
-        "a delayed task commits its state every round "
-        "(islands/delayed.py); use one or the other.")

@@ -22,7 +22,8 @@ With `--inner_state_every=K` > 1 the AdamW states (the largest share of
 the bytes a worker writes) are committed only every K rounds and at the
 last; a task whose start state this worker does not keep (moved, or a
 restart) replays up to K - 1 rounds from the last commit, writing nothing
-(`islands/replay.py`), and the store keeps up to K module versions.
+(`islands/replay.py`; a delayed task's anchor with them,
+`delayed._replay`), and the store keeps up to K module versions.
 
 The worker learns its task from `control/assign/{worker_id}.json` (written
 by the coordinator alone) and reports liveness in
@@ -203,7 +204,7 @@ class TaskRunner:
   def _load_inner(self, task: Task, program: GroupProgram, inner_params):
     """(AdamW state, codec carry) of the group at the round's start: kept,
     read, or with `inner_state_every` > 1 replayed (`islands/replay.py`)."""
-    if replay.needs_replay(self, task):
+    if replay.needs_replay(self, task, self._kept):
       return replay.replay(self, task, program)
     return self.load_inner_at(task, program, inner_params)
 
