@@ -16,8 +16,18 @@
 #                         under the default outer Nesterov
 #   one_round_sparseloco  sparseloco one round late (the combined arm, fixed
 #                         in advance, not chosen)
+# The third round (NAMES="one_round_lr1 one_round_m095 topk16_ef
+# one_round_lr1_topk16_ef"; settings fixed before the call from the second
+# round's trend, not chosen on validation):
+#   one_round_lr1         one_round, outer Nesterov lr 1.0, momentum 0.9
+#   one_round_m095        one_round, outer Nesterov lr 0.7, momentum 0.95
+#   topk16_ef             chunked top-k at 4x topkc_ef's density (256 of
+#                         every 4096, about 34x fewer bytes) + error
+#                         feedback, default outer Nesterov: where between
+#                         int4 (7.8x, free) and 136x the cost starts
+#   one_round_lr1_topk16_ef  the two together
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
-#        bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
+#        [NAMES="arm ..."] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # Writes OUT_DIR/summary.md (python bench/comm_table.py on the arms; the
 # `--choose` line names the compressed arm with the lowest training loss)
 # and OUT_DIR/arms.tgz (each arm's results.json, metrics.jsonl, log).
@@ -39,6 +49,8 @@ d=--config.diloco
 avg="$d.outer_optimizer=sgd $d.outer_lr=1.0 $d.outer_momentum=0"
 topkc="$d.compression=topk $d.compression_topk_chunk=4096
        $d.compression_topk_fraction=0.015625 $d.error_feedback=True"
+topk16="$d.compression=topk $d.compression_topk_chunk=4096
+        $d.compression_topk_fraction=0.0625 $d.error_feedback=True"
 declare -A ARMS=(
   [one_round_avg]="$d.delay=one_round $avg"
   [one_round_m06]="$d.delay=one_round $d.outer_momentum=0.6"
@@ -46,12 +58,17 @@ declare -A ARMS=(
   [sparseloco]="$topkc $d.error_feedback_decay=0.95 $avg"
   [topkc_ef]="$topkc"
   [one_round_sparseloco]="$d.delay=one_round $topkc $d.error_feedback_decay=0.95 $avg"
+  [one_round_lr1]="$d.delay=one_round $d.outer_lr=1.0"
+  [one_round_m095]="$d.delay=one_round $d.outer_momentum=0.95"
+  [topk16_ef]="$topk16"
+  [one_round_lr1_topk16_ef]="$d.delay=one_round $d.outer_lr=1.0 $topk16"
 )
 # shellcheck source=bench/comm_arms_lib.sh
 source bench/comm_arms_lib.sh
 on_gpu 0 run diloco_x8
-run_lanes sparseloco one_round_avg topkc_ef one_round_sparseloco \
-          one_round_m06 one_round_lr05
+# shellcheck disable=SC2086
+run_lanes ${NAMES:-sparseloco one_round_avg topkc_ef one_round_sparseloco \
+          one_round_m06 one_round_lr05}
 { python3 bench/comm_table.py "$arms"
   echo; echo "chosen on training loss: $(python3 bench/comm_table.py "$arms" --choose)"
 } > "$out/summary.md"

@@ -29,7 +29,9 @@
 # DETERMINISTIC=1 adds --xla_gpu_deterministic_ops=true to XLA_FLAGS (every
 # run of the call), to tell GPU non-determinism from a resume that differs.
 # Env: STEPS, ARMS, DETERMINISTIC, MAX_CHARS, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
-# the SPMD run, e.g. the outer optimizer).
+# the SPMD run, e.g. the outer optimizer), GPUS (the GPUs to use, e.g.
+# "0,1": the SPMD run on the first, worker i on the i-th; default 0..N-1),
+# so another job can use the machine's other GPUs meanwhile.
 # Writes OUT/<part>.log, OUT/*.json (results.json and islands stats), each
 # island arm's role logs as a .tgz. The device tool returns only a few
 # files from $OUT: run it on a folder and tar that into $OUT.
@@ -65,6 +67,7 @@ case $part in
   diloco2|diloco4|dipaco4)
     # N worker processes, one GPU each (N = the part's last digit).
     n=${part: -1}; a=/tmp/${part}_spmd1; b=/tmp/${part}_islands
+    gpus=${GPUS:-$(seq -s, 0 $((n - 1)))}
     if [[ $part == dipaco4 ]]; then  # 4 paths, one path per worker
       cfg=experiments/dipaco_2x2.py; name=dipaco; run=dipaco
       shape=(--paths_per_task=1)
@@ -77,7 +80,7 @@ case $part in
            "${extra[@]}")
     if [[ -z "${SKIP_SPMD:-}" || ! -f $a/results.json ]]; then
       rm -rf $a
-      CUDA_VISIBLE_DEVICES=0 python3 -m dipaco_jax.main \
+      CUDA_VISIBLE_DEVICES=${gpus%%,*} python3 -m dipaco_jax.main \
         --config=$cfg --workdir=$a "${corpus[@]}" "${steps[@]}" \
         >> "$log" 2>&1
       echo "exit spmd $?" >> "$log"
@@ -103,7 +106,7 @@ case $part in
         rep=$((rep + 1)); tag=${base_tag}_rep$rep
       done
       rm -rf $b/islands $b/runs/$run $b/results.json
-      python3 -m dipaco_jax.islands --config=$cfg \
+      CUDA_VISIBLE_DEVICES=$gpus python3 -m dipaco_jax.islands --config=$cfg \
         --workdir=$b "${corpus[@]}" "${steps[@]}" "${shape[@]}" \
         --config.diloco.inner_steps=$h --config.diloco.delay=$delay \
         ${every:+--inner_state_every=$every} \

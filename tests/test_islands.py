@@ -18,6 +18,7 @@ from dipaco_jax.islands import coordinator as coordinator_lib
 from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import launcher
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import roles as roles_lib
 from dipaco_jax.islands import worker as worker_lib
 from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.store import atomic
@@ -346,3 +347,14 @@ def test_a_stage_share_is_copied_from_the_shards_that_hold_it():
       mesh, jax.sharding.PartitionSpec(None, None, None)))
   np.testing.assert_array_equal(units.host_share(other, 1, 3, axis=1),
                                 x_GxNxD[:, 2:4])
+
+
+def test_workers_keep_to_the_launchers_visible_gpus():
+  # Two island runs on disjoint GPUs of one machine: worker i gets the
+  # (i % n)-th of the launcher's CUDA_VISIBLE_DEVICES, else GPU i % n.
+  assert [roles_lib.worker_gpu(i, 2, None) for i in range(4)] == [
+      "0", "1", "0", "1"]
+  assert [roles_lib.worker_gpu(i, 2, "2,3") for i in range(3)] == [
+      "2", "3", "2"]
+  with pytest.raises(UserError, match="lists 1 GPU"):
+    roles_lib.worker_gpu(0, 2, "3")

@@ -4,7 +4,7 @@ For an `Experiment` (its config, shards, hashes), the launcher writes the
 run's spec and version 0 of every module into the store
 (`{workdir}/islands/{run}`), starts the roles on this machine as OS
 processes whose command lines name them (one coordinator, N workers, the
-executors), restarts any that dies before the run is done (a killed worker
+executors; `islands/roles.py`), restarts any that dies before the run is done (a killed worker
 is back under its own id; the coordinator re-queues its task if it stays
 away), and, once `DONE.json` is committed, reads the final modules back as
 the run's result. Run again on the same store, it finds what is committed
@@ -13,9 +13,6 @@ and carries on.
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 
 from etils import epath
@@ -29,15 +26,12 @@ from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.errors import UserError
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import replay
+from dipaco_jax.islands import roles as roles_lib
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
 from dipaco_jax.train import loop
-
-
-class IslandError(RuntimeError):
-  """The island run cannot finish (a role failed for good)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +41,9 @@ class IslandOptions:
   num_executors: int = 0  # 0 = one per unit (units step in parallel), <= 8.
   fake_devices: int = 0  # Per worker process (CPU only).
   # Worker i sees only accelerator i % n (CUDA_VISIBLE_DEVICES), for n
-  # GPUs on this machine; 0 = every worker sees every device.
+  # GPUs on this machine (the i % n-th of the launcher's own
+  # CUDA_VISIBLE_DEVICES list when it has one); 0 = every worker sees
+  # every device.
   gpus_per_machine: int = 0
   heartbeat_s: float = 1.0
   lease_timeout_s: float = 20.0
@@ -57,76 +53,6 @@ class IslandOptions:
   link_latency_ms: float = 0.0
   # Commit the workers' AdamW states every K rounds (RunSpec).
   inner_state_every: int = 1
-
-
-def role_command(role: str, run, *args: str) -> list[str]:
-  return [sys.executable, "-m", f"dipaco_jax.islands.{role}",
-          f"--store={run}", *args]
-
-
-class Role:
-  """One role process and how to start it again."""
-
-  def __init__(self, name: str, command: list[str], log_path, env):
-    self.name, self.command, self.env = name, command, env
-    self.log_path = epath.Path(log_path)
-    self.restarts = 0
-    self.process = None
-
-  def start(self) -> None:
-    self.log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(self.log_path, "a") as log:
-      self.process = subprocess.Popen(
-          self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-          start_new_session=True)
-
-  def stop(self, timeout_s: float = 10.0) -> None:
-    if self.process is not None and self.process.poll() is None:
-      self.process.terminate()
-      try:
-        self.process.wait(timeout=timeout_s)
-      except subprocess.TimeoutExpired:
-        self.process.kill()
-        self.process.wait(timeout=timeout_s)
-
-
-def _role_env() -> dict:
-  env = dict(os.environ)
-  # Roles share this machine's accelerators: none grabs most of the memory.
-  env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  env["PYTHONUNBUFFERED"] = "1"
-  return env
-
-
-def make_roles(run, options: IslandOptions, num_modules: int
-               ) -> list[Role]:
-  """`num_modules`: the run's units (`islands/units.py`), the most
-  executors that have work."""
-  env = _role_env()
-  cpu_env = {**env, "JAX_PLATFORMS": "cpu"}  # Executors: elementwise work.
-  logs = epath.Path(run) / "logs"
-  roles = [Role("coordinator", role_command("coordinator", run),
-                logs / "coordinator.log", cpu_env)]
-  for i in range(options.num_workers):
-    worker_id = f"w{i}"
-    args = [f"--worker_id={worker_id}"]
-    if options.fake_devices:
-      args.append(f"--fake_devices={options.fake_devices}")
-    if options.slowdown_s.get(worker_id):
-      args.append(f"--slowdown_s={options.slowdown_s[worker_id]}")
-    worker_env = env
-    if options.gpus_per_machine:
-      worker_env = {**env, "CUDA_VISIBLE_DEVICES": str(
-          i % options.gpus_per_machine)}
-    roles.append(Role(f"worker {worker_id}", role_command("worker", run,
-                                                          *args),
-                      logs / f"worker_{worker_id}.log", worker_env))
-  num_executors = options.num_executors or min(num_modules, 8)
-  for i in range(num_executors):
-    roles.append(Role(f"executor {i}", role_command(
-        "executor", run, f"--shard={i}", f"--num_shards={num_executors}"),
-                      logs / f"executor_{i}.log", cpu_env))
-  return roles
 
 
 def write_version_zero(run, runtime, init_bank, seed: int) -> None:
@@ -172,39 +98,10 @@ def check_spec(run, spec: layout.RunSpec) -> None:
   """A store made for other numbers is never continued."""
   old = layout.read_json(epath.Path(run) / "spec.json")
   if old is not None and old["hashes"] != spec.hashes:
-    raise IslandError(
+    raise roles_lib.IslandError(
         f"the island store {run} belongs to a different run (hashes "
         f"{old['hashes']} != {spec.hashes}); remove it or use a fresh "
         "--workdir")
-
-
-def supervise(run, roles: list[Role], options: IslandOptions, log,
-              poll_s: float = 0.2) -> None:
-  """Starts the roles and keeps them running until DONE.json appears."""
-  for role in roles:
-    role.start()
-  try:
-    while not layout.done_path(run).exists():
-      for role in roles:
-        code = role.process.poll()
-        if code is None or code == 0:
-          continue  # Running, or its part is finished (an executor).
-        failed = layout.control_files(layout.control(run, "failed"))
-        if failed:
-          reasons = [layout.read_json(p) for p in failed]
-          raise IslandError("; ".join(r["error"] for r in reasons if r))
-        if role.restarts >= options.max_restarts:
-          raise IslandError(
-              f"{role.name} exited {options.max_restarts + 1} times (last "
-              f"status {code}); see {role.log_path}")
-        role.restarts += 1
-        log(f"{role.name} exited (status {code}); restarting it "
-            f"({role.restarts}/{options.max_restarts})")
-        role.start()
-      time.sleep(poll_s)
-  finally:
-    for role in roles:
-      role.stop()
 
 
 def _write_metrics(run_dir, spec: layout.RunSpec, stats: dict
@@ -325,13 +222,13 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
   islands; returns what the SPMD loop would."""
   check_config(exp.config, options)
   if after_outer_step:
-    raise IslandError(
+    raise roles_lib.IslandError(
         "config.eval.early_stopping: per-path early stopping is not "
         "available on islands yet; turn it off or use dipaco_jax.main")
   c = exp.config
   h = c.diloco.inner_steps
   if not h or c.train.num_steps % h:
-    raise IslandError(
+    raise roles_lib.IslandError(
         f"config.train.num_steps ({c.train.num_steps}) must be a multiple "
         f"of config.diloco.inner_steps ({h}) on islands")
   run = epath.Path(exp.run_dir).parent.parent / "islands" / exp.name
@@ -362,7 +259,8 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
     if not layout.done_path(run).exists():
       num_units = sum(s.num_experts * units_lib.slot_stages(
           s, units_lib.num_stages(c)) for s in exp.topology.slots)
-      supervise(run, make_roles(run, options, num_units), options, log)
+      roles_lib.supervise(run, roles_lib.make_roles(run, options, num_units),
+                         options, log)
     atomic.write_json(trained_path, {"wall_s": time.time() - t0})
   else:
     log(f"already trained in {run}; reusing")
