@@ -26,6 +26,14 @@
 #                         feedback, default outer Nesterov: where between
 #                         int4 (7.8x, free) and 136x the cost starts
 #   one_round_lr1_topk16_ef  the two together
+# The fourth round (NAMES="one_round_lr14 one_round_lr2 one_round_lr14_m08
+# one_round_lr1_int4_ef"; fixed from the third round's trend: a larger
+# outer lr helped the delay, more momentum did not):
+#   one_round_lr14        one_round, outer Nesterov lr 1.4, momentum 0.9
+#   one_round_lr2         one_round, outer Nesterov lr 2.0, momentum 0.9
+#   one_round_lr14_m08    one_round, outer Nesterov lr 1.4, momentum 0.8
+#   one_round_lr1_int4_ef one_round at lr 1.0 with int4 + error feedback
+#                         (the compressor that cost nothing, 7.8x)
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # Writes OUT_DIR/summary.md (python bench/comm_table.py on the arms; the
@@ -62,6 +70,10 @@ declare -A ARMS=(
   [one_round_m095]="$d.delay=one_round $d.outer_momentum=0.95"
   [topk16_ef]="$topk16"
   [one_round_lr1_topk16_ef]="$d.delay=one_round $d.outer_lr=1.0 $topk16"
+  [one_round_lr14]="$d.delay=one_round $d.outer_lr=1.4"
+  [one_round_lr2]="$d.delay=one_round $d.outer_lr=2.0"
+  [one_round_lr14_m08]="$d.delay=one_round $d.outer_lr=1.4 $d.outer_momentum=0.8"
+  [one_round_lr1_int4_ef]="$d.delay=one_round $d.outer_lr=1.0 $d.compression=int4 $d.error_feedback=True"
 )
 # shellcheck source=bench/comm_arms_lib.sh
 source bench/comm_arms_lib.sh

@@ -31,7 +31,9 @@
 # Env: STEPS, ARMS, DETERMINISTIC, MAX_CHARS, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
 # the SPMD run, e.g. the outer optimizer), GPUS (the GPUs to use, e.g.
 # "0,1": the SPMD run on the first, worker i on the i-th; default 0..N-1),
-# so another job can use the machine's other GPUs meanwhile.
+# so another job can use the machine's other GPUs meanwhile; SPMD_STEPS
+# (the SPMD run's steps, default STEPS: its tokens/s is the median of its
+# progress rows, so a shorter run measures the same rate in less time).
 # Writes OUT/<part>.log, OUT/*.json (results.json and islands stats), each
 # island arm's role logs as a .tgz. The device tool returns only a few
 # files from $OUT: run it on a folder and tar that into $OUT.
@@ -82,6 +84,7 @@ case $part in
       rm -rf $a
       CUDA_VISIBLE_DEVICES=${gpus%%,*} python3 -m dipaco_jax.main \
         --config=$cfg --workdir=$a "${corpus[@]}" "${steps[@]}" \
+        ${SPMD_STEPS:+--config.train.num_steps=$SPMD_STEPS} \
         >> "$log" 2>&1
       echo "exit spmd $?" >> "$log"
     fi
