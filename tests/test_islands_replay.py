@@ -115,10 +115,11 @@ def test_moved_tasks_replay_and_end_with_the_same_bits(every_round,
   replays = [l for l in lines if "replayed" in l]
   assert len(replays) == 4 and "from round 2: 1 round(s)" in replays[-1], (
       replays)
-  # Inner states only at the commit rounds' ends: steps 2H and 4H.
-  assert _inner_steps_on_store(run) == {w: [2 * H, 4 * H] for w in range(4)}
+  # Inner states only at the commit rounds' ends: step 2H (none at the
+  # last round's, 4H, which no task starts from).
+  assert _inner_steps_on_store(run) == {w: [2 * H] for w in range(4)}
   assert _inner_steps_on_store(k1_run) == {
-      w: [H, 2 * H, 3 * H, 4 * H] for w in range(4)}
+      w: [H, 2 * H, 3 * H] for w in range(4)}
   # The byte meters: the same contributions, half the inner states (to
   # metadata's few bytes: the keys' files name their paths).
   _check_written(k1_run, run, skipped=(H, 3 * H))
@@ -128,9 +129,9 @@ def test_moved_tasks_replay_and_end_with_the_same_bits(every_round,
                                      ).frontier == [4, 4]
 
 
-def test_every_4_rounds_writes_one_inner_state(every_round, tmp_path):
+def test_every_4_rounds_of_4_write_no_inner_state(every_round, tmp_path):
   # Each group on its own runner (as the coordinator's sticky leases do):
-  # no replay, and the inner states only at the last round's end.
+  # no replay, and no inner state: the only commit round is the last.
   exp, k1_run, want = every_round
   run = tmp_path / "islands"
   spec = _setup(exp, run, 4)
@@ -138,7 +139,7 @@ def test_every_4_rounds_writes_one_inner_state(every_round, tmp_path):
   _rounds(exp, run, spec, lambda r, g: runners[g], range(spec.num_rounds))
   _assert_same_bits(want, _final(exp, run, spec))
   assert [x.replayed_rounds for x in runners] == [0, 0]
-  assert _inner_steps_on_store(run) == {w: [4 * H] for w in range(4)}
+  assert _inner_steps_on_store(run) == {}
   _check_written(k1_run, run, skipped=(H, 2 * H, 3 * H))
 
 
@@ -168,8 +169,9 @@ def test_a_replay_after_garbage_collection(every_round, tmp_path):
   coord = coordinator_lib.Coordinator(run, spec, log=lambda _: None)
   assert coord.frontier == [4, 4] and coord.run_done()
   coord.collect_garbage()
+  # A finished store holds the final modules alone.
   assert {p.name for p in run.glob("modules/*/*/v*")} == {"v000004"}
-  assert _inner_steps_on_store(run) == {w: [4 * H] for w in range(4)}
+  assert _inner_steps_on_store(run) == {}
 
 
 def test_a_replay_advances_the_codec_carry(tmp_path):
@@ -218,8 +220,19 @@ def test_delayed_tasks_replay_and_end_with_the_same_bits(tmp_path):
     banks.append(_final(exp, run, spec))
     stores.append(_inner_steps_on_store(run))
   _assert_same_bits(*banks)
-  assert stores == [{w: [H, 2 * H, 3 * H, 4 * H] for w in range(4)},
-                    {w: [2 * H, 4 * H] for w in range(4)}]
+  assert stores == [{w: [H, 2 * H, 3 * H] for w in range(4)},
+                    {w: [2 * H] for w in range(4)}]
+
+
+def test_a_store_is_continued_only_with_its_own_k(every_round, tmp_path):
+  # Replays and garbage collection follow K, so a store of K = 1 (its
+  # spec saved) refuses K = 2, naming the flag and the value to use.
+  exp, _, _ = every_round
+  run = tmp_path / "islands"
+  spec = _setup(exp, run, 1)
+  launcher.check_spec(run, spec)
+  with pytest.raises(UserError, match="--inner_state_every=1, or use"):
+    launcher.check_spec(run, dataclasses.replace(spec, inner_state_every=2))
 
 
 def test_inner_state_every_must_be_positive():
@@ -235,8 +248,9 @@ def test_commit_rounds():
       layout.RunSpec("r", {"diloco": {"inner_steps": 2},
                            "train": {"num_steps": 12}}, 0, "", 0, {}, [1.0],
                      1), inner_state_every=4)
-  assert [r for r in range(6) if spec.commits_inner(r)] == [3, 5]
+  # Every 4 rounds, never at the last (round 5 of 6).
+  assert [r for r in range(6) if spec.commits_inner(r)] == [3]
   assert [spec.last_commit_round(r) for r in range(6)] == [0, 0, 0, 0, 4, 4]
   every = dataclasses.replace(spec, inner_state_every=1)
-  assert all(every.commits_inner(r) for r in range(6))
+  assert [r for r in range(6) if every.commits_inner(r)] == [0, 1, 2, 3, 4]
   assert [every.last_commit_round(r) for r in range(6)] == list(range(6))

@@ -51,7 +51,7 @@ _LINK_LATENCY = flags.DEFINE_float(
     lower_bound=0.0)
 _INNER_STATE_EVERY = flags.DEFINE_integer(
     "inner_state_every", 1, "Commit the workers' AdamW states (and codec "
-    "carries) every K rounds and at the last, not every round: fewer bytes "
+    "carries) every K rounds, not every round: fewer bytes "
     "written; a task that moves to another worker, or a restarted one, "
     "replays up to K - 1 rounds, and the store keeps up to K module "
     "versions (with config.diloco.delay=one_round the anchor is part of "

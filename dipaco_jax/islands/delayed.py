@@ -109,13 +109,17 @@ class _Prefetch:
     self.thread.start()
 
 
-def _version(runner, task, program):
-  """Version r as the group's [G, ...] start: prefetched, or read now."""
+def _version(runner, task, program, anchor):
+  """Version r as the group's [G, ...] start: prefetched, or read now; at
+  round 0 `anchor` itself (round 0 starts from version 0: the same bits,
+  not read twice)."""
   prefetch, runner.prefetch = runner.prefetch, None
   if prefetch is not None:
     if prefetch.key == (task.round_index, task.group):
       return prefetch.thread.join()
     prefetch.cancel.set()  # Another group's: its reads are not needed.
+  if task.round_index == 0:
+    return anchor
   return _read_version(runner, task, program)
 
 
@@ -267,7 +271,7 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
       _contributions(done.anchor, done.params), done.carry,
       runner.num_units)
   t_version = time.monotonic()
-  start = _version(runner, task, program)
+  start = _version(runner, task, program, done.anchor)
   t_version = time.monotonic() - t_version
   next_anchor = _next_anchor(done.params, start, done.anchor)
   uploads = [background.Background(_write_contributions, runner, task,

@@ -95,13 +95,22 @@ def read_final_bank(run, runtime, version: int) -> dict:
 
 
 def check_spec(run, spec: layout.RunSpec) -> None:
-  """A store made for other numbers is never continued."""
+  """A store made for other numbers, or committing inner states at
+  another interval, is never continued."""
   old = layout.read_json(epath.Path(run) / "spec.json")
   if old is not None and old["hashes"] != spec.hashes:
     raise roles_lib.IslandError(
         f"the island store {run} belongs to a different run (hashes "
         f"{old['hashes']} != {spec.hashes}); remove it or use a fresh "
         "--workdir")
+  # Replays and garbage collection follow K: a store holds the inner
+  # states and module versions its own K's replays need, no others.
+  every = old and old.get("inner_state_every", 1)
+  if old is not None and every != spec.inner_state_every:
+    raise UserError(
+        f"the island store {run} commits inner states every {every} "
+        f"round(s); continue it with --inner_state_every={every}, or use a "
+        "fresh --workdir")
 
 
 def _write_metrics(run_dir, spec: layout.RunSpec, stats: dict

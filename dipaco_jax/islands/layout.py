@@ -128,16 +128,18 @@ class RunSpec:
   # An emulated link between islands (store/link.py); 0 = the disk's speed.
   link_mbps: float = 0.0
   link_latency_ms: float = 0.0
-  # Commit the workers' inner (AdamW, codec carry) states every K rounds
-  # (and at the last); a task whose start state is not kept replays the
-  # rounds since the last commit (`islands/replay.py`). 1 = every round.
+  # Commit the workers' inner (AdamW, codec carry) states every K rounds;
+  # a task whose start state is not kept replays the rounds since the last
+  # commit (`islands/replay.py`). 1 = every round.
   inner_state_every: int = 1
 
   def commits_inner(self, round_index: int) -> bool:
     """Whether a task of `round_index` commits its workers' inner states
-    (at step (round_index + 1) H)."""
+    (at step (round_index + 1) H): every K rounds, never at the last round
+    (no task starts from it: a finished run is not continued, the store
+    refuses other settings)."""
     k = max(int(self.inner_state_every), 1)
-    return (round_index + 1) % k == 0 or round_index + 1 == self.num_rounds
+    return (round_index + 1) % k == 0 and round_index + 1 < self.num_rounds
 
   def last_commit_round(self, round_index: int) -> int:
     """The round c <= `round_index` whose start state is committed (or,

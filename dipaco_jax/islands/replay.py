@@ -2,8 +2,8 @@
 committed (`RunSpec.inner_state_every` = K > 1).
 
 With K > 1 a task of round r commits its workers' inner states (AdamW
-state, codec carry) only when (r + 1) % K == 0 or at the last round
-(`RunSpec.commits_inner`). A worker that runs the same group's next round
+state, codec carry) only when (r + 1) % K == 0 (`RunSpec.commits_inner`;
+with any K, never at the last round, which no task starts from). A worker that runs the same group's next round
 keeps them in memory (`TaskRunner._kept`); one that does not (the task
 moved to another worker, or the worker restarted) rebuilds the start state
 of round r from the last committed one, at round c = (r // K) * K (at
