@@ -276,7 +276,7 @@ def run_task(runner, task, program) -> tuple[dict, dict]:
   next_anchor = _next_anchor(done.params, start, done.anchor)
   uploads = [background.Background(_write_contributions, runner, task,
                                    payloads, done.loss_G)]
-  # With `inner_state_every` = K > 1 only every K rounds (and the last).
+  # Every K rounds (`RunSpec.commits_inner`; never at the last round).
   if runner.spec.commits_inner(r):
     inner = {"opt": _copy(done.opt_state), "anchor": next_anchor}
     if carry:

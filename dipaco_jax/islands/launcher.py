@@ -4,11 +4,11 @@ For an `Experiment` (its config, shards, hashes), the launcher writes the
 run's spec and version 0 of every module into the store
 (`{workdir}/islands/{run}`), starts the roles on this machine as OS
 processes whose command lines name them (one coordinator, N workers, the
-executors; `islands/roles.py`), restarts any that dies before the run is done (a killed worker
-is back under its own id; the coordinator re-queues its task if it stays
-away), and, once `DONE.json` is committed, reads the final modules back as
-the run's result. Run again on the same store, it finds what is committed
-and carries on.
+executors; `islands/roles.py`), restarts any that dies before the run is
+done (a killed worker is back under its own id; the coordinator re-queues
+its task if it stays away), and, once `DONE.json` is committed, reads the
+final modules back as the run's result. Run again on the same store, it
+finds what is committed and carries on.
 """
 
 import dataclasses

@@ -3,18 +3,19 @@ committed (`RunSpec.inner_state_every` = K > 1).
 
 With K > 1 a task of round r commits its workers' inner states (AdamW
 state, codec carry) only when (r + 1) % K == 0 (`RunSpec.commits_inner`;
-with any K, never at the last round, which no task starts from). A worker that runs the same group's next round
-keeps them in memory (`TaskRunner._kept`); one that does not (the task
-moved to another worker, or the worker restarted) rebuilds the start state
-of round r from the last committed one, at round c = (r // K) * K (at
-c = 0 the fresh init): for j = c .. r - 1 it loads the group's modules at
-version j, runs round j's H inner steps and encodes the contributions to
-advance the codec carry, writing nothing (those rounds' contributions are
-committed already, and a re-run would write the same bytes). Every input
-is the same pure function of the store as in the first run (modules at
-version j, batches of seed, worker and step), so the replayed state is the
-same bits. A delayed task (`islands/delayed.py`) replays by the same rule,
-its anchor part of the state (`delayed._replay`).
+with any K, never at the last round, which no task starts from). A worker
+that runs the same group's next round keeps them in memory
+(`TaskRunner._kept`); one that does not (the task moved to another worker,
+or the worker restarted) rebuilds the start state of round r from the last
+committed one, at round c = (r // K) * K (at c = 0 the fresh init): for j =
+c .. r - 1 it loads the group's modules at version j, runs round j's H
+inner steps and encodes the contributions to advance the codec carry,
+writing nothing (those rounds' contributions are committed already, and a
+re-run would write the same bytes). Every input is the same pure function
+of the store as in the first run (modules at version j, batches of seed,
+worker and step), so the replayed state is the same bits. A delayed task
+(`islands/delayed.py`) replays by the same rule, its anchor part of the
+state (`delayed._replay`).
 """
 
 import dataclasses
@@ -70,9 +71,8 @@ def needs_replay(runner, task, kept) -> bool:
 
 def start_round(runner, task) -> int:
   """The latest round c < r whose start state every worker of the group
-  committed, else 0 (the fresh init): (r // K) * K in a run that kept to
-  K; searched, so that a store continued with another K finds its last
-  commit."""
+  committed, else 0 (the fresh init): (r // K) * K, found on the store
+  itself (a store keeps its K: `launcher.check_spec`)."""
   h = runner.spec.inner_steps
   for c in range(task.round_index - 1, 0, -1):
     if all(layout.committed(layout.inner_dir(runner.run, w, c * h))

@@ -20,10 +20,11 @@ the background, the next round trained ahead).
 
 With `--inner_state_every=K` > 1 the AdamW states (the largest share of
 the bytes a worker writes) are committed only every K rounds (with any
-K, not at the last round); a task whose start state this worker does not keep (moved, or a
-restart) replays up to K - 1 rounds from the last commit, writing nothing
-(`islands/replay.py`; a delayed task's anchor with them,
-`delayed._replay`), and the store keeps up to K module versions.
+K, not at the last round); a task whose start state this worker does not
+keep (moved, or a restart) replays up to K - 1 rounds from the last
+commit, writing nothing (`islands/replay.py`; a delayed task's anchor
+with them, `delayed._replay`), and the store keeps up to K module
+versions.
 
 The worker learns its task from `control/assign/{worker_id}.json` (written
 by the coordinator alone) and reports liveness in
