@@ -82,7 +82,7 @@ on_gpu 0 run diloco_x8
 run_lanes ${NAMES:-sparseloco one_round_avg topkc_ef one_round_sparseloco \
           one_round_m06 one_round_lr05}
 { python3 bench/comm_table.py "$arms"
-  echo; echo "chosen on training loss: $(python3 bench/comm_table.py "$arms" --choose)"
+  echo; echo "chosen on training loss: $(python3 bench/comm_table.py "$arms" --choose 2>&1)"
 } > "$out/summary.md"
 tar czf "$out/arms.tgz" -C "$arms" .
 cat "$out/summary.md"
