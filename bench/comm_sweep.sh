@@ -34,6 +34,15 @@
 #   one_round_lr14_m08    one_round, outer Nesterov lr 1.4, momentum 0.8
 #   one_round_lr1_int4_ef one_round at lr 1.0 with int4 + error feedback
 #                         (the compressor that cost nothing, 7.8x)
+# The fifth round (NAMES="lookahead lookahead_int4_ef lookahead_topk16_ef
+# lookahead_lr1"; the `lookahead` delay, built after the fourth round, at
+# the default outer Nesterov 0.7 / 0.9 unless named):
+#   lookahead             one round late, each worker starting from its own
+#                         prediction of the next global modules
+#   lookahead_int4_ef     the same with int4 + error feedback (7.8x)
+#   lookahead_topk16_ef   the same with chunked top-k 256/4096 + error
+#                         feedback (36x)
+#   lookahead_lr1         lookahead at outer lr 1.0
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # Writes OUT_DIR/summary.md (python bench/comm_table.py on the arms; the
@@ -74,6 +83,10 @@ declare -A ARMS=(
   [one_round_lr2]="$d.delay=one_round $d.outer_lr=2.0"
   [one_round_lr14_m08]="$d.delay=one_round $d.outer_lr=1.4 $d.outer_momentum=0.8"
   [one_round_lr1_int4_ef]="$d.delay=one_round $d.outer_lr=1.0 $d.compression=int4 $d.error_feedback=True"
+  [lookahead]="$d.delay=lookahead"
+  [lookahead_int4_ef]="$d.delay=lookahead $d.compression=int4 $d.error_feedback=True"
+  [lookahead_topk16_ef]="$d.delay=lookahead $topk16"
+  [lookahead_lr1]="$d.delay=lookahead $d.outer_lr=1.0"
 )
 # shellcheck source=bench/comm_arms_lib.sh
 source bench/comm_arms_lib.sh

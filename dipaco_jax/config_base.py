@@ -155,7 +155,7 @@ def base_config() -> ml_collections.ConfigDict:
   # DiLoCoX communication (diloco/comm.py, comm_step.py, compress.py). The
   # defaults are plain DiLoCo/DiPaCo and leave the run's settings hash as
   # it was before these fields existed (stages/run_configs.py).
-  c.diloco.delay = "none"  # none | one_round | eager
+  c.diloco.delay = "none"  # none | one_round | lookahead | eager
   c.diloco.compression = "none"  # none | int8 | int4 | e3m0 | lowrank | topk
   c.diloco.error_feedback = False  # Keep what compression drops, per worker.
   c.diloco.compression_block_size = 256  # int8/int4/e3m0: values per scale.

@@ -23,33 +23,33 @@ TX = optax.sgd(1.0, momentum=0.5)
 PROGRESS = [(1.0, 3.0), (2.0, -2.0), (4.0, 0.0)]
 
 
-def _start(delay, num_workers=2):
+def _start(delay, num_workers=2, tx=TX):
   comms = {"s": comm_lib.SlotComm(delay)}
   bank = {"s": {"w": jnp.zeros((1, 1))}}
   params = {"s": {"w": jnp.zeros((num_workers, 1))}}
-  inner_extra, outer_extra = comm_step.init_extra(comms, params, bank, TX)
-  outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
+  inner_extra, outer_extra = comm_step.init_extra(comms, params, bank, tx)
+  outer = {"params": bank, "opt_state": {"s": tx.init(bank["s"])},
            **outer_extra}
   inner = {"params": params, **inner_extra}
   return comms, outer, inner
 
 
-def _rounds(delay, progress=PROGRESS):
+def _rounds(delay, progress=PROGRESS, tx=TX):
   """(global g, workers' x) after each outer step, then after the flush."""
   num_workers = len(progress[0])
-  comms, outer, inner = _start(delay, num_workers)
+  comms, outer, inner = _start(delay, num_workers, tx)
   assignment = np.zeros((num_workers, 1), np.int32)
   seen = []
   for p in progress:
     inner = dict(inner, params={"s": {"w": inner["params"]["s"]["w"] +
                                       jnp.array(p)[:, None]}})
     outer, inner = comm_step.outer_update(
-        outer, inner, TX, comms=comms, assignment_WxS=assignment,
+        outer, inner, tx, comms=comms, assignment_WxS=assignment,
         slot_names=("s",), weights_W=jnp.ones(num_workers),
         rescale_by_sqrt_users=False)
     seen.append((float(outer["params"]["s"]["w"][0, 0]),
                  tuple(np.asarray(inner["params"]["s"]["w"][:, 0]))))
-  outer, inner = comm_step.flush(outer, inner, TX, comms=comms,
+  outer, inner = comm_step.flush(outer, inner, tx, comms=comms,
                                  assignment_WxS=assignment,
                                  slot_names=("s",))
   seen.append((float(outer["params"]["s"]["w"][0, 0]),
@@ -68,6 +68,42 @@ def test_one_round_by_hand():
   assert _rounds("one_round") == [
       (0.0, (1.0, 3.0)), (2.0, (4.0, 0.0)), (3.0, (7.0, 3.0)),
       (5.5, (5.5, 5.5))]
+
+
+def test_lookahead_by_hand():
+  # The global steps as one_round's (the contributions are the same:
+  # PROGRESS ignores the start); each worker starts from the outer step
+  # applied to its own contribution with the global's momentum m:
+  # m_w = c_w + 0.5 m, x_w = g - m_w.
+  # Round 0: c0 = (-1, -3), g = 0, m = 0: x = (1, 3).
+  # Round 1: x = (3, 1), c1 = (-2, 2); D0 arrives: m = -2, g = 2;
+  #   m_w = (-2, 2) - 1 = (-3, 1): x = (5, 1).
+  # Round 2: x = (9, 1), c2 = (-4, 0); D1 = 0 arrives: m = -1, g = 3;
+  #   m_w = (-4, 0) - 0.5 = (-4.5, -0.5): x = (7.5, 3.5).
+  # Flush: D2 = -2 arrives: m = -2.5, g = 5.5; x = (5.5, 5.5).
+  assert _rounds("lookahead") == [
+      (0.0, (1.0, 3.0)), (2.0, (5.0, 1.0)), (3.0, (7.5, 3.5)),
+      (5.5, (5.5, 5.5))]
+
+
+def test_lookahead_with_averaging_is_one_round():
+  # Outer SGD at lr 1 without momentum predicts g - c = x + (g - a).
+  averaging = optax.sgd(1.0)
+  assert (_rounds("lookahead", tx=averaging)
+          == _rounds("one_round", tx=averaging))
+
+
+@pytest.mark.parametrize("tx", [
+    TX, optax.sgd(0.7, momentum=0.9, nesterov=True),
+    optax.adam(0.5, b1=0.9, eps=0.1)], ids=["momentum", "nesterov", "adam"])
+def test_lookahead_with_one_worker_is_plain_diloco(tx):
+  # One worker's contribution is the mixed pseudo-gradient: its predicted
+  # start is the undelayed global, round after round (the optimizer's
+  # state, Adam's step count too, taken from the global's).
+  progress = [(1.0,), (2.0,), (4.0,)]
+  lookahead = [x for _, x in _rounds("lookahead", progress, tx)[:-1]]
+  plain = [x for _, x in _rounds("none", progress, tx)[:-1]]
+  assert lookahead == plain
 
 
 def test_no_delay_by_hand():
@@ -172,14 +208,16 @@ def test_identity_compressor_with_feedback_matches_the_plain_step():
 
 def test_a_round_in_flight_survives_a_kill(tmp_path):
   # Every kind of state the communication adds, in one run: one_round with
-  # a warm-started low rank and its residuals on the level slots, eager
-  # with int4 on the shared embedding.
+  # a warm-started low rank and its residuals on the level slots (lookahead
+  # on the first), eager with int4 on the shared embedding.
   config = _config(delay="one_round", compression="lowrank",
                    compression_rank_max=4, error_feedback=True,
-                   per_slot="shared=delay:eager+compression:int4")
+                   per_slot="shared=delay:eager+compression:int4;"
+                   "layers_00_01=delay:lookahead")
   runtime = testing.tiny_runtime(config)
   assert {"anchor", "residual", "codec_state", "prev_sent", "eager_opt",
           "sent_bytes_W"} <= set(runtime.abstract_state["inner"])
+  assert runtime.comms["layers_00_01"].delay == "lookahead"
   straight = _train(config, tmp_path / "straight").state
 
   def die(step, state, losses):
@@ -208,7 +246,7 @@ def test_islands_refuse_communication_settings_they_do_not_apply(tmp_path):
   from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
   from dipaco_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
-  for config in (_config(delay="eager"),
+  for config in (_config(delay="eager"), _config(delay="lookahead"),
                  _config(per_slot="level=delay:one_round")):
     with pytest.raises(UserError, match="config.diloco.delay"):
       pipeline.run(config, str(tmp_path),

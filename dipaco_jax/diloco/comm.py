@@ -18,7 +18,7 @@ import dataclasses
 from dipaco_jax.diloco import compress
 from dipaco_jax.errors import UserError
 
-DELAYS = ("none", "one_round", "eager")
+DELAYS = ("none", "one_round", "lookahead", "eager")
 
 
 @dataclasses.dataclass(frozen=True)

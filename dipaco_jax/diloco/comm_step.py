@@ -28,6 +28,23 @@ Before round 0's pseudo-gradient arrives nothing is applied. When training
 ends, `flush` applies the round in flight and restarts every worker from
 the global modules.
 
+**Delay** `lookahead` (ours; not from a paper). As `one_round`, but a
+worker does not add its own round raw: it predicts the next global
+modules by applying the outer optimizer, with the global modules' own
+state (their momentum), to its own contribution as its estimate of the
+module's mixed pseudo-gradient (s[e] c_w, s the sqrt-users scale of
+Eq. 2, 1 without it):
+
+  x_w     <- OuterOpt(g^r[e(w)], state^r[e(w)]; s[e] c_w^r)   (not kept)
+  a_w^{r+1} = x_w
+
+With outer SGD at lr 1 without momentum this is `one_round`'s rule
+(g - c = x + (g - a)); with the outer Nesterov the worker's start also
+takes the momentum's share of the step, which `one_round` applies a
+round late, and differs from the undelayed start only by lr (1 + beta)
+s (c_w - D) for Nesterov's beta. Each new anchor is made from the true
+global, so a worker's prediction errors do not accumulate.
+
 **Delay** `eager` (Kale, Douillard, Donchev 2025, "Eager updates", arXiv
 2502.12996; the equation is from secondary summaries of its Algorithm 3,
 not the paper itself). The global modules advance exactly as with
@@ -170,6 +187,11 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
             _own_scale_W(mixing[s], users[s], assignment_WxS[:, s],
                          rescale_by_sqrt_users), anchor_W)
         new_inner["prev_sent"][name] = sent
+      elif comm.delay == "lookahead":
+        x_W = _lookahead_views(
+            tx, b, o, assignment_WxS, s, contribs_W,
+            _mix_scale_W(users[s], assignment_WxS[:, s],
+                         rescale_by_sqrt_users), x_W)
       else:
         global_W = _gather(b, assignment_WxS, s)
         x_W = jax.tree.map(lambda x, g, a: (x + (g - a)).astype(x.dtype),
@@ -214,6 +236,34 @@ def flush(outer: dict, inner: dict, tx, *, comms: dict, assignment_WxS,
         outer["pending_users"][name])
   new_outer["has_pending"] = jnp.zeros((), jnp.int32)
   return new_outer, new_inner
+
+
+def _mix_scale_W(users_K, experts_W, rescale_by_sqrt_users):
+  """s[e] of Eq. 2 for each worker's expert: [W]."""
+  users_W = jnp.asarray(users_K, jnp.float32)[experts_W]
+  return (jnp.sqrt(users_W) if rescale_by_sqrt_users
+          else (users_W > 0).astype(jnp.float32))
+
+
+def _lookahead_views(tx, bank_K, opt_state_K, assignment_WxS, s, contribs_W,
+                     scale_W, like_W):
+  """Each worker's prediction of the next global modules: the outer
+  optimizer applied to s[e] c_w, from its module's parameters and state
+  (gathered to [W, ...]; elementwise optimizers then step each worker's
+  row alone, as `outer.optimize` steps each module's)."""
+  experts_W = assignment_WxS[:, s]
+  global_W = _gather(bank_K, assignment_WxS, s)
+  state_W = optax.tree_map_params(tx, lambda leaf: leaf[experts_W],
+                                  opt_state_K,
+                                  transform_non_params=lambda leaf: leaf)
+
+  def estimate(c):
+    return c * scale_W.reshape((-1,) + (1,) * (c.ndim - 1))
+
+  updates, _ = tx.update(jax.tree.map(estimate, contribs_W), state_W,
+                         global_W)
+  return jax.tree.map(lambda p, like: p.astype(like.dtype),
+                      optax.apply_updates(global_W, updates), like_W)
 
 
 def _own_scale_W(a_WxK, users_K, experts_W, rescale_by_sqrt_users):
