@@ -269,10 +269,7 @@ def _lookahead_views(tx, bank_K, opt_state_K, assignment_WxS, s, contribs_W,
 def _own_scale_W(a_WxK, users_K, experts_W, rescale_by_sqrt_users):
   """s[e] a[w, e] of each worker for the expert it uses: [W]."""
   a_W = jnp.take_along_axis(a_WxK, experts_W[:, None], axis=1)[:, 0]
-  users_W = jnp.asarray(users_K, jnp.float32)[experts_W]
-  scale_W = (jnp.sqrt(users_W) if rescale_by_sqrt_users
-             else (users_W > 0).astype(jnp.float32))
-  return a_W * scale_W
+  return a_W * _mix_scale_W(users_K, experts_W, rescale_by_sqrt_users)
 
 
 def _eager_views(tx, inner, name, sent_W, delayed_W, has_pending,
