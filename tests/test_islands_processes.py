@@ -86,9 +86,9 @@ class KillAfterRound(Chaos):
 
 
 def _train(tmp_path, name, chaos_plan=(), num_steps=16, stages=1,
-           chaos=None, **options):
+           chaos=None, delay="none", **options):
   exp = test_islands._experiment(tmp_path / name, num_steps=num_steps,
-                                 stages=stages)
+                                 stages=stages, delay=delay)
   # Two executors for the five modules (dealt round robin, so each steps
   # several): three processes fewer to start (and to import JAX) per run.
   options = launcher.IslandOptions(**{
@@ -175,4 +175,27 @@ def test_a_killed_worker_replays_with_inner_state_every(tmp_path):
   assert "start state replayed from round 0" in logs
   assert {p.name for p in pathlib.Path(run, "modules").glob("*/*/v*")} == {
       "v000008"}
+  assert not list(pathlib.Path(run, "inner").glob("*/s*"))
+
+
+def test_a_killed_delayed_worker_replays_with_inner_state_every(tmp_path):
+  # One round late (islands/delayed.py) with the anchors and AdamW states
+  # committed every 4 rounds: a worker killed once round 2 is committed
+  # comes back with nothing kept and replays its group's rounds from the
+  # fresh init (two or three of them: the next anchors of rounds 1 and up
+  # are made from versions 1 and up, where a wrong rule would show), each
+  # next anchor made from its version as before. The run equals the
+  # delayed run with every state committed, bit for bit.
+  calm, _, _, _ = _train(tmp_path, "calm", paths_per_task=2,
+                         delay="one_round")
+  stormy, killed, run, _ = _train(
+      tmp_path, "stormy", paths_per_task=2, delay="one_round",
+      inner_state_every=4, chaos=lambda run: KillAfterRound(run, 2))
+  assert killed == ["worker"], "the run ended before the kill"
+  for a, b in zip(jax.tree.leaves(calm.state["outer"]["params"]),
+                  jax.tree.leaves(stormy.state["outer"]["params"])):
+    np.testing.assert_array_equal(a, b)
+  logs = "".join(p.read_text() for p in pathlib.Path(run, "logs").glob(
+      "worker_*.log"))
+  assert "start state replayed from round 0" in logs
   assert not list(pathlib.Path(run, "inner").glob("*/s*"))
