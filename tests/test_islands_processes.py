@@ -11,6 +11,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from dipaco_jax.islands import launcher
 from dipaco_jax.islands import layout
@@ -156,16 +157,22 @@ def test_pipelined_units_survive_kills(tmp_path):
   assert not list(pathlib.Path(run, "contrib").glob("r*"))
 
 
-def test_a_killed_worker_replays_with_inner_state_every(tmp_path):
-  # AdamW states committed every 4 rounds (of 8: after round 3 only), one
-  # group of 2 paths per worker; a worker killed once round 1 is committed
-  # comes back with nothing kept: its next task (round 1, 2 or 3) replays
-  # from the fresh init. The result is the run with every state committed
+@pytest.mark.parametrize("delay,kill_after", [("none", 1),
+                                               ("one_round", 2)])
+def test_a_killed_worker_replays_with_inner_state_every(tmp_path, delay,
+                                                        kill_after):
+  # AdamW states (one round late, islands/delayed.py: with the anchors)
+  # committed every 4 rounds (of 8: after round 3 only), one group of 2
+  # paths per worker; a worker killed once round `kill_after` is committed
+  # comes back with nothing kept: its next task replays from the fresh
+  # init (delayed: two or three rounds, so the next anchors of rounds 1
+  # and up, made from versions 1 and up, are replayed too, where a wrong
+  # rule would show). The result is the run with every state committed
   # (and no kill), bit for bit; only the final modules remain.
-  calm, _, _, _ = _train(tmp_path, "calm", paths_per_task=2)
+  calm, _, _, _ = _train(tmp_path, "calm", paths_per_task=2, delay=delay)
   stormy, killed, run, _ = _train(
-      tmp_path, "stormy", paths_per_task=2, inner_state_every=4,
-      chaos=lambda run: KillAfterRound(run, 1))
+      tmp_path, "stormy", paths_per_task=2, delay=delay,
+      inner_state_every=4, chaos=lambda run: KillAfterRound(run, kill_after))
   assert killed == ["worker"], "the run ended before the kill"
   for a, b in zip(jax.tree.leaves(calm.state["outer"]["params"]),
                   jax.tree.leaves(stormy.state["outer"]["params"])):
@@ -175,27 +182,4 @@ def test_a_killed_worker_replays_with_inner_state_every(tmp_path):
   assert "start state replayed from round 0" in logs
   assert {p.name for p in pathlib.Path(run, "modules").glob("*/*/v*")} == {
       "v000008"}
-  assert not list(pathlib.Path(run, "inner").glob("*/s*"))
-
-
-def test_a_killed_delayed_worker_replays_with_inner_state_every(tmp_path):
-  # One round late (islands/delayed.py) with the anchors and AdamW states
-  # committed every 4 rounds: a worker killed once round 2 is committed
-  # comes back with nothing kept and replays its group's rounds from the
-  # fresh init (two or three of them: the next anchors of rounds 1 and up
-  # are made from versions 1 and up, where a wrong rule would show), each
-  # next anchor made from its version as before. The run equals the
-  # delayed run with every state committed, bit for bit.
-  calm, _, _, _ = _train(tmp_path, "calm", paths_per_task=2,
-                         delay="one_round")
-  stormy, killed, run, _ = _train(
-      tmp_path, "stormy", paths_per_task=2, delay="one_round",
-      inner_state_every=4, chaos=lambda run: KillAfterRound(run, 2))
-  assert killed == ["worker"], "the run ended before the kill"
-  for a, b in zip(jax.tree.leaves(calm.state["outer"]["params"]),
-                  jax.tree.leaves(stormy.state["outer"]["params"])):
-    np.testing.assert_array_equal(a, b)
-  logs = "".join(p.read_text() for p in pathlib.Path(run, "logs").glob(
-      "worker_*.log"))
-  assert "start state replayed from round 0" in logs
   assert not list(pathlib.Path(run, "inner").glob("*/s*"))

@@ -105,7 +105,7 @@ def check_spec(run, spec: layout.RunSpec) -> None:
         "--workdir")
   # Replays and garbage collection follow K: a store holds the inner
   # states and module versions its own K's replays need, no others.
-  every = old and old.get("inner_state_every", 1)
+  every = (old or {}).get("inner_state_every", 1)
   if old is not None and every != spec.inner_state_every:
     raise UserError(
         f"the island store {run} commits inner states every {every} "
