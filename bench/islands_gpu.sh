@@ -28,6 +28,11 @@
 # An arm named twice runs twice (the second's files end in _rep2).
 # DETERMINISTIC=1 adds --xla_gpu_deterministic_ops=true to XLA_FLAGS (every
 # run of the call), to tell GPU non-determinism from a resume that differs.
+# TRAIN_ONLY=1 stops each island run once its training stage has written
+# its stats and timeline (no results.json, so no perplexity): the dense
+# baseline a DiPaCo run trains next takes STEPS steps, and the SPMD run's
+# copy of it (SPMD_STEPS) is reused only when the two are equal.
+# ARMS=" " (a space) runs no island arm (the SPMD run alone, for SKIP_SPMD).
 # Env: STEPS, ARMS, DETERMINISTIC, MAX_CHARS, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
 # the SPMD run, e.g. the outer optimizer), GPUS (the GPUs to use, e.g.
 # "0,1": the SPMD run on the first, worker i on the i-th; default 0..N-1),
@@ -123,6 +128,13 @@ case $part in
         pkill -9 -f "dipaco_jax.islands.worker --store=$b/islands/$run --worker_id=w1" \
           && echo "killed w1 at $(date +%s.%N)" | tee -a "$log" \
           > "$out/${name}_islands${n}_${tag}_kill.txt"
+      fi
+      if [[ -n "${TRAIN_ONLY:-}" ]]; then
+        # Stop once the islands' stats and timeline exist: the stages after
+        # (the dense baseline, evaluation) are not what this bench measures.
+        while kill -0 $job 2>/dev/null \
+            && [[ ! -e $b/plots/islands_$run.png ]]; do sleep 1; done
+        sleep 1; pkill -9 -P $job; kill -9 $job 2>/dev/null
       fi
       wait $job; echo "exit islands $tag $?" >> "$log"
       cp $b/results.json "$out/${name}_islands${n}_${tag}_results.json"

@@ -61,14 +61,17 @@ def table(out: pathlib.Path, name: str) -> None:
   print(f"{name}: SPMD on one GPU: {base:,.0f} tokens/s (median of "
         f"progress rows), validation perplexity {spmd_ppl:.2f}")
   dense = out / f"{name}_dense1_metrics.jsonl"
+  one_path = None
   if dense.exists():  # DiPaCo's dense baseline: one path's model alone.
     one_path = spmd_tokens_per_s(out, name, "dense1")
     print(f"{name}: one path's model alone (the dense baseline run) on one "
           f"GPU: {one_path:,.0f} tokens/s")
+  # Issue 15 compares DiPaCo's islands with one path on one GPU too.
+  path_col = " vs one path alone |" if one_path else ""
   print("\n| workers | delay | H | kill | aggregate tokens/s after round 0 "
-        "| vs one GPU | training wall s | outer-step wait share | "
-        "mean task phases (s) | perplexity |")
-  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        f"| vs one GPU |{path_col} training wall s | outer-step wait share "
+        "| mean task phases (s) | perplexity |")
+  print("| --- " * (10 + bool(one_path)) + "|")
   for path in sorted(out.glob(f"{name}_islands*_stats.json")):
     n, delay, h, kill, every, rep = re.fullmatch(
         rf"{name}_islands(\d+)_(\w+?)_h(\d+)(?:_kill(\d+))?(?:_every(\d+))?"
@@ -84,7 +87,9 @@ def table(out: pathlib.Path, name: str) -> None:
     tps = stats.get("tokens_per_s_after_round0")
     phases = stats.get("mean_phases_s") or {}
     print(f"| {n} | {delay} | {h} | {f'w1 at +{kill} s' if kill else '-'} "
-          f"| {tps:,.0f} | {tps / base:.2f}x | {train_wall_s(stats):.1f} | "
+          f"| {tps:,.0f} | {tps / base:.2f}x | "
+          + (f"{tps / one_path:.2f}x | " if one_path else "")
+          + f"{train_wall_s(stats):.1f} | "
           f"{wait_share(stats):.0%} | "
           + (", ".join(f"{k} {v:.2f}" for k, v in phases.items()) or "-")
           + f" | {ppl} |")
