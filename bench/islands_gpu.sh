@@ -113,7 +113,7 @@ case $part in
       while [[ -e "$out/${name}_islands${n}_${tag}_stats.json" ]]; do
         rep=$((rep + 1)); tag=${base_tag}_rep$rep
       done
-      rm -rf $b/islands $b/runs/$run $b/results.json
+      rm -rf $b/islands $b/runs/$run $b/results.json $b/plots/islands_$run.png
       CUDA_VISIBLE_DEVICES=$gpus python3 -m dipaco_jax.islands --config=$cfg \
         --workdir=$b "${corpus[@]}" "${steps[@]}" "${shape[@]}" \
         --config.diloco.inner_steps=$h --config.diloco.delay=$delay \
