@@ -66,15 +66,21 @@ def _spec(exp, paths_per_task, steps_per_dispatch=1):
 
 
 def _islands_in_process(exp, run, paths_per_task, forget=False,
-                        steps_per_dispatch=1):
+                        steps_per_dispatch=1, trace_dir=None):
   """Every task and outer step of the run, in order, in this process.
   With `forget`, the worker keeps nothing between tasks (as if each were
-  another worker's): every round reads its inner state from the store."""
+  another worker's): every round reads its inner state from the store.
+  With `trace_dir`, the worker traces `train.profile_steps` there."""
   spec = _spec(exp, paths_per_task, steps_per_dispatch)
   launcher.write_version_zero(run, exp.runtime, None, exp.config.seed)
   spec.save(run)
   runner = worker_lib.TaskRunner(run, spec, layout.ByteMeter(run, "w"),
-                                 log=lambda _: None)
+                                 log=lambda _: None, trace_dir=trace_dir)
+  with runner.tracer:
+    return _run_every_task(exp, run, spec, runner, forget)
+
+
+def _run_every_task(exp, run, spec, runner, forget):
   executor = executor_lib.Executor(
       run, spec, executor_lib.owned_modules(spec, 0, 1), "executor",
       log=lambda _: None)
@@ -119,6 +125,20 @@ def test_islands_equal_the_spmd_runtime(spmd_run, tmp_path, paths_per_task,
   # of 2: reductions in another order). Measured: 1.2e-7 with every path in
   # one task, i.e. one float32 rounding step.
   assert diff < (1e-6 if paths_per_task == 4 else 1e-5), diff
+
+
+def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
+  # Steps 3-4 are round 1 (H = 2): traced by the worker that runs them,
+  # without changing a number.
+  exp, spmd = spmd_run
+  exp.config.train.profile_steps = "3:2"
+  try:
+    bank = _islands_in_process(exp, tmp_path / "islands", 4,
+                               trace_dir=tmp_path / "trace")
+  finally:
+    exp.config.train.profile_steps = ""
+  assert _max_abs_diff(spmd, bank) < 1e-6
+  assert list((tmp_path / "trace").rglob("*.xplane.pb"))
 
 
 @pytest.mark.parametrize("delay", ["none", "one_round"])

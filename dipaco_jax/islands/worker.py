@@ -33,12 +33,11 @@ by the coordinator alone) and reports liveness in
 """
 
 import dataclasses
-import math
 import os
 import socket
 import time
 
-import flax.linen as nn
+from etils import epath
 import jax
 import numpy as np
 
@@ -49,17 +48,17 @@ from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import delayed
 from dipaco_jax.islands import heartbeat as heartbeat_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import program as program_lib
 from dipaco_jax.islands import replay
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import unit_io
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.islands import wire as wire_lib
-from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
 from dipaco_jax.train import dispatch
-from dipaco_jax.train import state as state_lib
+from dipaco_jax.train import profiling
 
 # Exit status of a worker whose task cannot succeed on a re-run (diverged,
 # bad data): the launcher stops the run instead of restarting the worker.
@@ -68,50 +67,6 @@ EXIT_PERMANENT = 3
 
 class TaskFailed(RuntimeError):
   """A task that would fail again on any worker."""
-
-
-def _abstract(tree):
-  """Host-array restore targets (no sharding) of `tree`'s leaves."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-
-
-class GroupProgram:
-  """The SPMD program of one group size: a Runtime over G workers whose
-  module bank has G rows per slot, so every group of that size (whatever
-  experts it uses) runs the same compiled inner step."""
-
-  def __init__(self, spec: layout.RunSpec, group_size: int):
-    config = spec.config_dict()
-    full = spec.topology()
-    num_devices = jax.device_count()
-    config.unlock()
-    # Pipeline stages (config.pipeline) take their share of the devices.
-    stages = config.mesh.stage or config.pipeline.stages
-    config.mesh.path = math.gcd(config.mesh.path or group_size, group_size,
-                                max(num_devices // stages, 1))
-    # The program runs inner steps only; the delay and the compression are
-    # the task's business (islands/delayed.py, islands/wire.py), so its
-    # state is the plain one.
-    config.diloco.delay = "none"
-    config.diloco.compression = "none"
-    config.diloco.error_feedback = False
-    config.diloco.per_slot = ""
-    slots = tuple(dataclasses.replace(s, num_experts=group_size)
-                  for s in full.slots)
-    topology = dataclasses.replace(
-        full, level_sizes=(group_size,), num_replicas=1, slots=slots,
-        assignment_WxS=np.tile(np.arange(group_size, dtype=np.int32)[:, None],
-                               (1, len(slots))))
-    dims = layers.dims_from_config(config.model, spec.vocab_size)
-    self.runtime = state_lib.Runtime(config, topology, dims,
-                                     mesh_lib.make_mesh(config),
-                                     np.ones(group_size))
-    boxed = self.runtime.boxed_path_params()
-    path = _abstract(nn.unbox(boxed))
-    self.module_like = {s.name: path[s.name] for s in full.slots}
-    worker_opt = self.runtime.abstract_state["inner"]["opt_state"]
-    self.worker_opt_like = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), worker_opt)
 
 
 @dataclasses.dataclass
@@ -125,16 +80,21 @@ class TaskRunner:
   tasks."""
 
   def __init__(self, run, spec: layout.RunSpec, meter: layout.ByteMeter,
-               slowdown_s: float = 0.0, log=print):
+               slowdown_s: float = 0.0, log=print, trace_dir=None):
     self.run, self.spec, self.meter = run, spec, meter
     self.slowdown_s, self.log = slowdown_s, log
     self.config = spec.config_dict()
+    # `train.profile_steps` of the run, traced by the worker that runs them
+    # (the serving loop closes it); no trace without a folder.
+    self.tracer = profiling.StepTracer(
+        self.config.train.get("profile_steps", "") if trace_dir else "",
+        trace_dir or "")
     self.topology = spec.topology()
     self.slot_names = tuple(s.name for s in self.topology.slots)
     self.stages = units_lib.num_stages(self.config)
     self.num_units = {s.name: units_lib.slot_stages(s, self.stages)
                       for s in self.topology.slots}
-    self._programs: dict[int, GroupProgram] = {}
+    self._programs: dict[int, program_lib.GroupProgram] = {}
     # (group, step, AdamW states on device, codec carry) of the last task:
     # a worker given the same group's next round skips reading them back
     # (they are the bytes it just committed). `kept` is the delayed tasks'
@@ -148,9 +108,9 @@ class TaskRunner:
     self.wire = wire_lib.Wire(self.config, self.topology.slots)
     self._batches: dict[tuple[int, ...], batches_lib.StackedBatches] = {}
 
-  def program(self, size: int) -> GroupProgram:
+  def program(self, size: int) -> program_lib.GroupProgram:
     if size not in self._programs:
-      self._programs[size] = GroupProgram(self.spec, size)
+      self._programs[size] = program_lib.GroupProgram(self.spec, size)
     return self._programs[size]
 
   def batches(self, group) -> batches_lib.StackedBatches:
@@ -176,7 +136,7 @@ class TaskRunner:
   def is_done(self, task: Task) -> bool:
     return all(layout.committed(k) for k in self.outputs(task))
 
-  def load_bank(self, task: Task, program: GroupProgram):
+  def load_bank(self, task: Task, program: program_lib.GroupProgram):
     """The group's modules at version r as a bank of G rows per slot (the
     experts it uses, then padding), and the local assignment [G, S]."""
     g = len(task.group)
@@ -195,21 +155,23 @@ class TaskRunner:
       bank[name] = jax.tree.map(lambda *x: np.stack(x), *rows)
     return bank, local_GxS.astype(np.int32)
 
-  def inner_like(self, program: GroupProgram):
+  def inner_like(self, program: program_lib.GroupProgram):
     """One worker's inner state on the store: its AdamW state, and with a
     codec that carries something between rounds, that too."""
     carry = self.wire.carry_like(program.module_like)
     return ({"opt": program.worker_opt_like, "wire": carry} if carry
             else program.worker_opt_like)
 
-  def _load_inner(self, task: Task, program: GroupProgram, inner_params):
+  def _load_inner(self, task: Task, program: program_lib.GroupProgram,
+                  inner_params):
     """(AdamW state, codec carry) of the group at the round's start: kept,
     read, or with `inner_state_every` > 1 replayed (`islands/replay.py`)."""
     if replay.needs_replay(self, task, self._kept):
       return replay.replay(self, task, program)
     return self.load_inner_at(task, program, inner_params)
 
-  def load_inner_at(self, task: Task, program: GroupProgram, inner_params):
+  def load_inner_at(self, task: Task, program: program_lib.GroupProgram,
+                    inner_params):
     """(AdamW state, codec carry) of the group at the round's start, kept
     or committed (the fresh init at round 0)."""
     runtime = program.runtime
@@ -278,15 +240,17 @@ class TaskRunner:
 
     def device_batch(i):
       step, n = dispatches[i]
-      return n, runtime.worker_rows(dispatch.host_rows(batches.batch, step,
-                                                       n))
+      return step, n, runtime.worker_rows(dispatch.host_rows(batches.batch,
+                                                             step, n))
 
     losses = []
     with prefetch.Prefetcher(device_batch, 0, len(dispatches),
                              c.data.prefetch) as batch_iter:
-      for _, (n, batch) in batch_iter:
+      for _, (step, n, batch) in batch_iter:
+        self.tracer.before(step, n)
         step_fn = runtime.inner_step if n == 1 else runtime.inner_k_steps
         state, metrics = step_fn(state, batch)
+        self.tracer.after(step, n, state)
         losses.append(metrics["loss"])  # [G], or [n, G]
         if after_first_dispatch is not None:
           after_first_dispatch()
@@ -331,12 +295,13 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   spec.use_link()
   log = lambda msg: print(f"[worker {worker_id}] {msg}", flush=True)
   meter = layout.ByteMeter(run, f"worker-{worker_id}")
-  runner = TaskRunner(run, spec, meter, slowdown_s, log)
+  runner = TaskRunner(run, spec, meter, slowdown_s, log, trace_dir=(
+      epath.Path(run) / "logs" / "profile" / f"worker_{worker_id}"))
   stats = timeline.TaskStats(run, worker_id)
   assign_path = layout.control(run, "assign", f"{worker_id}.json")
   done_seq, ran, idle_since = -1, 0, time.monotonic()
   with heartbeat_lib.Heartbeat(run, worker_id, spec.heartbeat_s) as (
-      heartbeat):
+      heartbeat), runner.tracer:
     while not layout.done_path(run).exists():
       lease = layout.read_json(assign_path)
       if lease and lease.get("stop"):

@@ -18,6 +18,7 @@ from dipaco_jax.parallel import multihost
 from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import dispatch
 from dipaco_jax.train import metrics as metrics_lib
+from dipaco_jax.train import profiling
 from dipaco_jax.train import sync as sync_lib
 
 
@@ -159,10 +160,15 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
     return step, n, runtime.worker_rows(dispatch.host_rows(local_batch, step,
                                                            n))
 
+  trace_dir = run_dir / "logs" / "profile"
+  if jax.process_count() > 1:
+    trace_dir = trace_dir / f"process_{jax.process_index()}"
   try:
     with prefetch.Prefetcher(device_batch, 0, len(dispatches),
-                             c.data.prefetch) as batch_iter:
+                             c.data.prefetch) as batch_iter, \
+        profiling.StepTracer(c.train.profile_steps, trace_dir) as tracer:
       for _, (step, n, batch) in batch_iter:
+        tracer.before(step, n)
         if n == 1:
           state, device_metrics = runtime.inner_step(state, batch)
         else:
@@ -185,6 +191,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
                                               state)
           for fn in after_outer_step:
             fn(done, state)
+        tracer.after(step, n, state)
         pending.append((done, n, device_metrics))
         while len(pending) > c.train.metrics_lag:
           drain(*pending.popleft())
