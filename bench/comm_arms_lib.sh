@@ -12,8 +12,10 @@ run() {  # name, then extra main.py flags
     > "$arms/$name.log" 2>&1
   cp "$work/$name/results.json" "$arms/$name.json" 2>/dev/null \
     || echo "!!! $name wrote no results" >> "$log"
-  cp "$work/$name/runs/main/logs/train/metrics.jsonl" \
-    "$arms/$name.metrics.jsonl" 2>/dev/null
+  for run_name in main dipaco; do  # DiLoCo's run, or DiPaCo's paths
+    cp "$work/$name/runs/$run_name/logs/train/metrics.jsonl" \
+      "$arms/$name.metrics.jsonl" 2>/dev/null && break
+  done
   echo "=== $name done ($(date -u +%H:%M:%S))" >> "$log"
 }
 share() {  # reuse the data and the dense base of run $1 in run $2
@@ -29,10 +31,10 @@ on_gpu() {  # lane index, then a command: the command on that lane's GPU
     "$@"
   fi
 }
-run_lanes() {  # each named arm of ARMS from diloco_x8's base, $lanes at once
+run_lanes() {  # each named arm of ARMS from $base's (default diloco_x8), $lanes at once
   local i=0 name
   for name in "$@"; do
-    share diloco_x8 "$name"
+    share "${base:-diloco_x8}" "$name"
     # shellcheck disable=SC2086
     on_gpu "$i" run "$name" ${ARMS[$name]} &
     i=$((i + 1))

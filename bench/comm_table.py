@@ -2,13 +2,16 @@
 
   python bench/comm_table.py OUT_DIR            # markdown table
   python bench/comm_table.py OUT_DIR --choose   # the combined arm's compressor
+  python bench/comm_table.py OUT_DIR --baseline=dipaco_2x2  # comm_dipaco.sh
 
 Rows: the arms of bench/comm_quality.sh in its order, then any other
 arm found in OUT_DIR (bench/comm_sweep.sh's), by name. `--choose` looks at
 training losses only (the mean over the last 10% of logged steps, from
 each arm's metrics.jsonl), never at validation: among the compressed arms
 without a delay that send at least 100x fewer bytes than float32, the one
-with the lowest training loss (else, the fewest bytes).
+with the lowest training loss (else, the fewest bytes). A DiPaCo arm's
+results.json scores several models: its row is the paths routed once per
+document (the model of record), its bytes those of the `dipaco` run.
 """
 
 import argparse
@@ -17,6 +20,8 @@ from pathlib import Path
 
 ARMS = ("diloco_x8", "one_round", "eager", "int4_ef", "e3m0", "lowrank_ef",
         "topk_ef", "one_round_best")
+# A DiPaCo results.json's model of record (report.py's name for it).
+DIPACO_MODEL = "dipaco routed once per document"
 
 
 def _load(out: Path, name: str) -> dict | None:
@@ -42,8 +47,14 @@ def arm_figures(out: Path, name: str) -> dict | None:
   result = _load(out, name)
   if result is None:
     return None
-  (model,) = result["models"].values()
-  run = result["runs"][-1]
+  models = result["models"]
+  model = (models[DIPACO_MODEL] if DIPACO_MODEL in models
+           else next(iter(models.values())) if len(models) == 1 else None)
+  if model is None:
+    raise SystemExit(f"{name}: which of {sorted(models)} to report?")
+  # DiPaCo's pipeline trains the paths, then the dense baseline.
+  run = next((r for r in result["runs"] if r["name"] in ("main", "dipaco")),
+             result["runs"][-1])
   sent = run.get("bytes_sent")
   f32 = sent["float32_per_worker_round"] if sent else None
   per_round = sent["per_worker_round"] if sent else None
@@ -73,9 +84,9 @@ def choose(out: Path) -> str:
   return min(candidates)[3]
 
 
-def table(out: Path) -> str:
-  base = arm_figures(out, "diloco_x8")
-  rows = ["| arm | validation perplexity | vs DiLoCo x8 | bytes sent per "
+def table(out: Path, baseline: str = "diloco_x8") -> str:
+  base = arm_figures(out, baseline)
+  rows = [f"| arm | validation perplexity | vs {baseline} | bytes sent per "
           "worker per round | fewer than float32 | train loss (last 10%) |",
           "| --- | --- | --- | --- | --- | --- |"]
   for name in arm_names(out):
@@ -98,8 +109,10 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("out", type=Path)
   parser.add_argument("--choose", action="store_true")
+  parser.add_argument("--baseline", default="diloco_x8",
+                      help="the arm the others are compared with")
   args = parser.parse_args()
-  print(choose(args.out) if args.choose else table(args.out))
+  print(choose(args.out) if args.choose else table(args.out, args.baseline))
 
 
 if __name__ == "__main__":

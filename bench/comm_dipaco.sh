@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 11's DiPaCo arm: DiPaCo 2x2 (experiments/dipaco_2x2.py, H = 50)
+# with DiLoCoX's delay and compression against plain DiPaCo 2x2, all arms
+# from one tokenized corpus, one base, one router and one set of shards:
+#   dipaco_2x2              plain (outer Nesterov 0.7 / 0.9, float32)
+#   int4_ef                 int4 + error feedback (7.8x fewer bytes)
+#   one_round_lr1           one round late, outer lr 1.0 (momentum 0.9)
+#   one_round_lr1_int4_ef   the combined arm: the two above together
+# The settings are the best of the DiLoCo x8 table (BUILD_NOTES.md, issue
+# 11), fixed before any DiPaCo run, not chosen on DiPaCo's validation.
+# Usage: [STEPS=500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
+#        [NAMES="arm ..."] bash bench/comm_dipaco.sh OUT_DIR [WORK_DIR]
+# The baseline runs first (it makes the shared stages); the other arms then
+# run LANES at once, on the GPUs of GPUS. Writes OUT_DIR/summary.md
+# (python bench/comm_table.py ARMS --baseline=dipaco_2x2) and
+# OUT_DIR/arms.tgz (each arm's results.json, metrics.jsonl, log).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?OUT_DIR}; work=${2:-/tmp/comm_dipaco}
+lanes=${LANES:-3}
+arms="$work/arms"
+mkdir -p "$out" "$work" "$arms"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes, one GPU
+log="$out/comm_dipaco.log"
+sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+common=(--config=experiments/dipaco_2x2.py --config.data.corpus=text_files
+        "--config.data.text_glob=$sp/**/*.py"
+        --config.data.max_corpus_chars=${MAX_CHARS:-150000000}
+        ${STEPS:+--config.train.num_steps=$STEPS} ${EXTRA:-})
+d=--config.diloco
+int4="$d.compression=int4 $d.error_feedback=True"
+declare -A ARMS=(
+  [int4_ef]="$int4"
+  [one_round_lr1]="$d.delay=one_round $d.outer_lr=1.0"
+  [one_round_lr1_int4_ef]="$d.delay=one_round $d.outer_lr=1.0 $int4"
+)
+# shellcheck source=bench/comm_arms_lib.sh
+source bench/comm_arms_lib.sh
+# What a DiPaCo arm shares with the baseline: every stage before training,
+# and the dense baseline, which no DiLoCoX setting changes.
+share() {
+  for p in data runs/base runs/dense router shards splits.json; do
+    [[ -e "$work/$1/$p" ]] || continue
+    mkdir -p "$work/$2/$(dirname $p)"; cp -r "$work/$1/$p" "$work/$2/$p"
+  done
+}
+on_gpu 0 run dipaco_2x2
+# shellcheck disable=SC2086
+base=dipaco_2x2 run_lanes ${NAMES:-int4_ef one_round_lr1 one_round_lr1_int4_ef}
+python3 bench/comm_table.py "$arms" --baseline=dipaco_2x2 > "$out/summary.md"
+tar czf "$out/arms.tgz" -C "$arms" .
+cat "$out/summary.md"
