@@ -31,7 +31,9 @@ on_gpu() {  # lane index, then a command: the command on that lane's GPU
     "$@"
   fi
 }
-run_lanes() {  # each named arm of ARMS from $base's (default diloco_x8), $lanes at once
+# Each named arm of ARMS, $lanes at once, from the stages of arm $base
+# (default diloco_x8).
+run_lanes() {
   local i=0 name
   for name in "$@"; do
     share "${base:-diloco_x8}" "$name"

@@ -89,7 +89,8 @@ def table(out: Path, baseline: str = "diloco_x8") -> str:
   rows = [f"| arm | validation perplexity | vs {baseline} | bytes sent per "
           "worker per round | fewer than float32 | train loss (last 10%) |",
           "| --- | --- | --- | --- | --- | --- |"]
-  for name in arm_names(out):
+  names = arm_names(out)  # The baseline's row first.
+  for name in sorted(names, key=lambda n: n != baseline):
     f = arm_figures(out, name)
     if f is None:
       continue
