@@ -85,7 +85,7 @@ def test_a_run_writes_its_trace_and_the_same_numbers(tmp_path):
     np.testing.assert_array_equal(a, b)
   profile = tmp_path / "3:2" / "logs" / "profile"
   assert list(profile.rglob("*.xplane.pb")), list(profile.rglob("*"))
-  assert list(profile.rglob("*.trace.json.gz"))
+  assert list(profile.rglob("perfetto_trace.json.gz"))
   assert not (tmp_path / "off" / "logs" / "profile").exists()
   # A trace is not a training setting: a run resumes under another window.
   config = testing.tiny_config()

@@ -5,7 +5,7 @@ steps START .. START + COUNT - 1, numbered as the progress lines number
 them (the first step is 1), with `jax.profiler` (device kernels, the
 host's Python threads, transfers) into a folder of the run's logs, written
 as TensorBoard's profile (`tensorboard --logdir DIR`) and as a Perfetto
-trace (`*.trace.json.gz`, ui.perfetto.dev; `bench/profile_categories.py`
+trace (`perfetto_trace.json.gz`, ui.perfetto.dev; `bench/profile_categories.py`
 sorts its device ops given the step's HLO). A dispatch of
 `train.steps_per_dispatch` steps is traced whole, so the trace may start
 before START and end after the range. The SPMD loop (`train/loop.py`) and
