@@ -33,6 +33,9 @@
 # baseline a DiPaCo run trains next takes STEPS steps, and the SPMD run's
 # copy of it (SPMD_STEPS) is reused only when the two are equal.
 # ARMS=" " (a space) runs no island arm (the SPMD run alone, for SKIP_SPMD).
+# PROFILE=START:COUNT traces those inner steps (config.train.profile_steps)
+# in the SPMD runs and in each worker that runs them, and writes each
+# trace's idle gaps (bench/trace_gaps.py) as OUT/*_gaps.{txt,json}.
 # Env: STEPS, ARMS, DETERMINISTIC, MAX_CHARS, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
 # the SPMD run, e.g. the outer optimizer), GPUS (the GPUs to use, e.g.
 # "0,1": the SPMD run on the first, worker i on the i-th; default 0..N-1),
@@ -84,7 +87,7 @@ case $part in
     fi
     read -r -a extra <<< "${EXTRA:-}"
     steps=(--config.train.num_steps=${STEPS:-500} --config.base.num_steps=200
-           "${extra[@]}")
+           ${PROFILE:+--config.train.profile_steps=$PROFILE} "${extra[@]}")
     if [[ -z "${SKIP_SPMD:-}" || ! -f $a/results.json ]]; then
       rm -rf $a
       CUDA_VISIBLE_DEVICES=${gpus%%,*} python3 -m dipaco_jax.main \
@@ -102,6 +105,13 @@ case $part in
     cp $a/runs/$run/logs/train/metrics.jsonl "$out/${name}_spmd1_metrics.jsonl"
     [[ $run == dipaco ]] && cp $a/runs/dense/logs/train/metrics.jsonl \
       "$out/${name}_dense1_metrics.jsonl"
+    if [[ -n "${PROFILE:-}" ]]; then  # The SPMD runs' traces, summarized.
+      for r in $run dense; do
+        [[ -d $a/runs/$r/logs/profile ]] && python3 bench/trace_gaps.py \
+          $a/runs/$r/logs/profile --out="$out/${name}_spmd1_${r}_gaps.json" \
+          > "$out/${name}_spmd1_${r}_gaps.txt" 2>&1
+      done
+    fi
     # ARMS: DELAY:H[:K[:E]] (H inner steps per round; K: kill -9 worker w1
     # K seconds after the workers' first heartbeat, the launcher restarts
     # it; E: --inner_state_every=E, e.g. none:1000::4 without a kill).
@@ -141,7 +151,13 @@ case $part in
       cp $b/islands/$run/stats.json "$out/${name}_islands${n}_${tag}_stats.json"
       cp $b/plots/islands_$run.png "$out/${name}_islands${n}_${tag}_timeline.png"
       # The roles' own logs (a worker's traceback lives only there).
-      tar czf "$out/${name}_islands${n}_${tag}_logs.tgz" -C $b/islands/$run logs
+      tar czf "$out/${name}_islands${n}_${tag}_logs.tgz" --exclude=profile \
+        -C $b/islands/$run logs
+      for d in $b/islands/$run/logs/profile/worker_*; do  # PROFILE's traces
+        [[ -d $d ]] && python3 bench/trace_gaps.py $d \
+          --out="$out/${name}_islands${n}_${tag}_$(basename $d)_gaps.json" \
+          > "$out/${name}_islands${n}_${tag}_$(basename $d)_gaps.txt" 2>&1
+      done
     done
     if [[ -z "${SKIP_STORE:-}" ]]; then
       python3 bench/store_throughput.py --dir=/tmp/store_bench --mib=2048 \
