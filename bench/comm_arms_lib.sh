@@ -1,10 +1,25 @@
-# Sourced by bench/comm_quality.sh and bench/comm_sweep.sh: one arm's run
-# and the sharing of the base between arms. Expects $log, $work, $arms and
-# the arrays `common` (the main.py flags every arm shares) and ARMS
-# (name -> its flags), and $lanes. With GPUS="0,1,2,3" the lanes spread over
+# Sourced by bench/comm_quality.sh, comm_sweep.sh and comm_dipaco.sh: the
+# arms' folders and shared flags (setup_arms), one arm's run and the
+# sharing of the base between arms. Expects $out and $work, and the array
+# ARMS (name -> its flags) before run_lanes. With GPUS="0,1,2,3" the lanes spread over
 # those GPUs (lane i on the (i mod 4)-th; the baseline and the combined arm
 # on the first), one CUDA_VISIBLE_DEVICES each, instead of sharing one GPU.
 IFS=, read -r -a _gpus <<< "${GPUS:-}"
+# Makes $out, $work and $arms, sets $lanes, $log and `common`: CONFIG on
+# the text corpus of this Python's site-packages (MAX_CHARS characters, by
+# default the script's), then the script's own flags.
+setup_arms() {  # log name, config, default MAX_CHARS, then more flags
+  lanes=${LANES:-3}
+  arms="$work/arms"
+  mkdir -p "$out" "$work" "$arms"
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes, one GPU
+  log="$out/$1.log"
+  local sp
+  sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  common=(--config="$2" --config.data.corpus=text_files
+          "--config.data.text_glob=$sp/**/*.py"
+          --config.data.max_corpus_chars=${MAX_CHARS:-$3} "${@:4}")
+}
 run() {  # name, then extra main.py flags
   local name=$1; shift
   echo "=== $name: $* ($(date -u +%H:%M:%S))" >> "$log"

@@ -9,7 +9,8 @@
 # The settings are the best of the DiLoCo x8 table (BUILD_NOTES.md, issue
 # 11), fixed before any DiPaCo run, not chosen on DiPaCo's validation.
 # Usage: [STEPS=500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
-#        [NAMES="arm ..."] bash bench/comm_dipaco.sh OUT_DIR [WORK_DIR]
+#        [NAMES="arm ..."] [EXTRA="more main.py flags"] \
+#        bash bench/comm_dipaco.sh OUT_DIR [WORK_DIR]
 # The baseline runs first (it makes the shared stages); the other arms then
 # run LANES at once, on the GPUs of GPUS. Writes OUT_DIR/summary.md
 # (python bench/comm_table.py ARMS --baseline=dipaco_2x2) and
@@ -17,16 +18,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}; work=${2:-/tmp/comm_dipaco}
-lanes=${LANES:-3}
-arms="$work/arms"
-mkdir -p "$out" "$work" "$arms"
-export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes, one GPU
-log="$out/comm_dipaco.log"
-sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-common=(--config=experiments/dipaco_2x2.py --config.data.corpus=text_files
-        "--config.data.text_glob=$sp/**/*.py"
-        --config.data.max_corpus_chars=${MAX_CHARS:-150000000}
-        ${STEPS:+--config.train.num_steps=$STEPS} ${EXTRA:-})
+# shellcheck source=bench/comm_arms_lib.sh
+source bench/comm_arms_lib.sh
+read -r -a extra <<< "${EXTRA:-}"
+setup_arms comm_dipaco experiments/dipaco_2x2.py 150000000 \
+  ${STEPS:+--config.train.num_steps=$STEPS} "${extra[@]}"
 d=--config.diloco
 int4="$d.compression=int4 $d.error_feedback=True"
 declare -A ARMS=(
@@ -34,8 +30,6 @@ declare -A ARMS=(
   [one_round_lr1]="$d.delay=one_round $d.outer_lr=1.0"
   [one_round_lr1_int4_ef]="$d.delay=one_round $d.outer_lr=1.0 $int4"
 )
-# shellcheck source=bench/comm_arms_lib.sh
-source bench/comm_arms_lib.sh
 # What a DiPaCo arm shares with the baseline: every stage before training,
 # and the dense baseline, which no DiLoCoX setting changes.
 share() {

@@ -29,18 +29,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}; work=${2:-/tmp/comm_quality}
-steps=${STEPS:-3000}; lanes=${LANES:-3}
 read -r -a model <<< "${MODEL:-}"
-arms="$work/arms"
-mkdir -p "$out" "$work" "$arms"
-# Several JAX processes share the GPU: none may take 75% of it up front.
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-log="$out/comm_quality.log"
-sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-common=(--config=experiments/diloco.py --config.data.corpus=text_files
-        "--config.data.text_glob=$sp/**/*.py"
-        --config.data.max_corpus_chars=${MAX_CHARS:-400000000}
-        --config.train.num_steps=$steps "${model[@]}")
+# shellcheck source=bench/comm_arms_lib.sh
+source bench/comm_arms_lib.sh
+setup_arms comm_quality experiments/diloco.py 400000000 \
+  --config.train.num_steps=${STEPS:-3000} "${model[@]}"
 declare -A ARMS=(
   [diloco_x8]=""
   [one_round]="--config.diloco.delay=one_round"
@@ -50,8 +43,6 @@ declare -A ARMS=(
   [lowrank_ef]="--config.diloco.compression=lowrank --config.diloco.error_feedback=True --config.diloco.compression_rank_max=2"
   [topk_ef]="--config.diloco.compression=topk --config.diloco.error_feedback=True --config.diloco.compression_topk_fraction=0.008"
 )
-# shellcheck source=bench/comm_arms_lib.sh
-source bench/comm_arms_lib.sh
 on_gpu 0 run diloco_x8
 run_lanes one_round int4_ef lowrank_ef eager e3m0 topk_ef
 best=$(python3 bench/comm_table.py "$arms" --choose)

@@ -52,16 +52,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}; work=${2:-/tmp/comm_sweep}
-lanes=${LANES:-3}
-arms="$work/arms"
-mkdir -p "$out" "$work" "$arms"
-export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes, one GPU
-log="$out/comm_sweep.log"
-sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-common=(--config=experiments/diloco.py --config.data.corpus=text_files
-        "--config.data.text_glob=$sp/**/*.py"
-        --config.data.max_corpus_chars=${MAX_CHARS:-150000000}
-        --config.train.num_steps=${STEPS:-1500})
+# shellcheck source=bench/comm_arms_lib.sh
+source bench/comm_arms_lib.sh
+setup_arms comm_sweep experiments/diloco.py 150000000 \
+  --config.train.num_steps=${STEPS:-1500}
 d=--config.diloco
 avg="$d.outer_optimizer=sgd $d.outer_lr=1.0 $d.outer_momentum=0"
 topkc="$d.compression=topk $d.compression_topk_chunk=4096
@@ -88,8 +82,6 @@ declare -A ARMS=(
   [lookahead_topk16_ef]="$d.delay=lookahead $topk16"
   [lookahead_lr1]="$d.delay=lookahead $d.outer_lr=1.0"
 )
-# shellcheck source=bench/comm_arms_lib.sh
-source bench/comm_arms_lib.sh
 on_gpu 0 run diloco_x8
 # shellcheck disable=SC2086
 run_lanes ${NAMES:-sparseloco one_round_avg topkc_ef one_round_sparseloco \
