@@ -11,7 +11,10 @@ the loop's own tokens/s between log points after the first (compilation
 and warm-up excluded), i.e. what the progress line shows a user. The child
 also times the bare jitted inner step on a batch already on the devices
 (with `--set=train.steps_per_dispatch=K`, one K-step dispatch over K):
-the gap between the two is what the host costs per step.
+the gap between the two is what the host costs per step. With
+`--set=train.profile_steps=START:COUNT` the loop's run is traced and each
+result carries its device idle gaps and the host threads' stacks in them
+(`trace_gaps`, bench/trace_gaps.py): where the loop loses to the bare step.
 
 Ratios compare each config against its own 1-GPU figure in the same call.
 """
@@ -35,7 +38,9 @@ def child(args):
   from dipaco_jax.train import loop  # pylint: disable=g-import-not-at-top
   from dipaco_jax.train import metrics  # pylint: disable=g-import-not-at-top
   import eval_throughput  # bench/eval_throughput.py: load_config
+  import profile_categories  # pylint: disable=g-import-not-at-top
   import timing  # pylint: disable=g-import-not-at-top
+  import trace_gaps  # pylint: disable=g-import-not-at-top
 
   c = eval_throughput.load_config(args.config)
   c.train.num_steps = args.steps
@@ -50,11 +55,15 @@ def child(args):
   runtime = testing.tiny_runtime(c, vocab_size=c.data.vocab_size)
   w, b, l = runtime.global_batch_shape
   batches = testing.RandomBatches(w, b, l - 1, c.data.vocab_size)
+  gaps = None
   with tempfile.TemporaryDirectory() as run_dir:
     t0 = time.perf_counter()
     loop.train(runtime, batches, run_dir, {}, "scaling")
     wall = time.perf_counter() - t0
     rows = metrics.read_jsonl(f"{run_dir}/logs/train/metrics.jsonl")
+    if c.train.profile_steps:  # --set=train.profile_steps=START:COUNT
+      gaps = trace_gaps.summarize(profile_categories.find_trace(
+          f"{run_dir}/logs/profile"), top=5)
   loop_tps = float(np.median([r["tokens_per_s"] for r in rows[1:]]))
   # The bare step on a device-resident batch: no host work in between.
   state = runtime.init_state(jax.random.key(0))
@@ -83,7 +92,8 @@ def child(args):
       "bare_step_tokens_per_s": tokens_per_step / seconds,
       "bare_step_ms": seconds * 1e3,
       "loop_step_ms": tokens_per_step / loop_tps * 1e3,
-      "steps_per_dispatch": k, "wall_s": wall, "set": args.set}),
+      "steps_per_dispatch": k, "wall_s": wall, "set": args.set,
+      "trace_gaps": gaps}),
         flush=True)
 
 
