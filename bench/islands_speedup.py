@@ -43,6 +43,25 @@ def wait_share(stats: dict) -> float:
   return waited / max(spanned, 1e-9)
 
 
+def after_round0(stats: dict) -> float:
+  """`tokens_per_s_after_round0` with its clock started where round 0's
+  compute really ended. Stats written before session 13's fix started it
+  up to 1.6 s early: a first task's `compute` phase left out the building
+  of the worker's program, which its `seconds` hold (the phases of a later
+  task add up to its seconds, so this changes nothing for those)."""
+  tps = stats["tokens_per_s_after_round0"]
+  first = [t for t in stats["tasks"] if t["round"] == 0 and "phases" in t]
+  if not first:
+    return tps
+  end = max(t["start"] + t["seconds"] for t in stats["tasks"])
+  unphased = lambda t: t["seconds"] - sum(
+      v for k, v in t["phases"].items() if k != "wait_version")
+  logged = min(t["start"] + t["phases"]["compute"] for t in first)
+  true = min(t["start"] + max(unphased(t), 0.0) + t["phases"]["compute"]
+             for t in first)
+  return tps * (end - logged) / (end - true)
+
+
 def perplexity(results: dict) -> float:
   return next(iter(results["models"].values()))["perplexity"]
 
@@ -84,7 +103,7 @@ def table(out: pathlib.Path, name: str) -> None:
     results = out / path.name.replace("_stats", "_results")
     ppl = (f"{perplexity(json.loads(results.read_text())):.2f}"
            if results.exists() else "n/a")
-    tps = stats.get("tokens_per_s_after_round0")
+    tps = after_round0(stats)
     phases = stats.get("mean_phases_s") or {}
     print(f"| {n} | {delay} | {h} | {f'w1 at +{kill} s' if kill else '-'} "
           f"| {tps:,.0f} | {tps / base:.2f}x | "

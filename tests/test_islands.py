@@ -5,6 +5,7 @@ test_islands_processes.py.)"""
 
 import dataclasses
 import pathlib
+import time
 
 import jax
 import numpy as np
@@ -165,6 +166,27 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay):
              (run / "contrib").glob("r*/*/*"))
   floats = 4 * 2 * sum(x.size // x.shape[0] for x in jax.tree.leaves(spmd))
   assert 0 < sent < 4 * floats / 5, (sent, 4 * floats)
+
+
+def test_a_delayed_tasks_phases_add_up_to_its_time(tmp_path, monkeypatch):
+  # The launcher's steady-state clock starts at the first task's start
+  # plus its `compute` (launcher._after_round0), so round 0's `compute`
+  # must hold the building of the worker's program too.
+  exp = _experiment(tmp_path / "spmd", num_steps=4, delay="one_round")
+  seen = []
+  run_task = worker_lib.TaskRunner.run_task
+
+  def timed(self, task):
+    t0 = time.monotonic()
+    losses = run_task(self, task)
+    seen.append((time.monotonic() - t0, dict(self.phases)))
+    return losses
+  monkeypatch.setattr(worker_lib.TaskRunner, "run_task", timed)
+  _islands_in_process(exp, tmp_path / "islands", 4)
+  assert len(seen) == 2  # Two rounds of one task.
+  for elapsed, phases in seen:
+    accounted = sum(v for k, v in phases.items() if k != "wait_version")
+    assert 0 <= elapsed - accounted < 0.05, (elapsed, phases)
 
 
 def _fresh_store(tmp_path, paths_per_task, num_steps=2):

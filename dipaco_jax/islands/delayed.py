@@ -257,10 +257,12 @@ def _write_inner(runner, task, state) -> None:
     runner.meter.add("written", r, key)
 
 
-def run_task(runner, task, program) -> tuple[dict, dict]:
-  """Runs one delayed task; returns ({worker: mean loss}, phase seconds)."""
+def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
+  """Runs one delayed task begun at `t0` (time.monotonic(), before its
+  program was built: the first task's `compute` holds that build, so a
+  task's phases add up to its time); returns ({worker: mean loss}, phase
+  seconds)."""
   r, h = task.round_index, runner.spec.inner_steps
-  t0 = time.monotonic()
   done = runner.speculated
   runner.speculated = None
   if done is None or (done.round_index, done.group) != (r, task.group):

@@ -202,7 +202,7 @@ class TaskRunner:
     t0 = time.monotonic()
     program = self.program(len(task.group))
     if self.delayed:
-      losses, self.phases = delayed.run_task(self, task, program)
+      losses, self.phases = delayed.run_task(self, task, program, t0)
       self.log(f"round {task.round_index} workers {list(task.group)}: loss "
                f"{np.mean(list(losses.values())):.4f}, "
                f"{time.monotonic() - t0:.1f} s (" + ", ".join(
