@@ -4,8 +4,10 @@ Each worker records its tasks (`TaskStats`: start, seconds, losses, peak
 device memory) in `control/stats/{worker}.json`; the launcher reads them
 back for `stats.json` and this module's plot.
 
-Delayed tasks (islands/delayed.py) record four phases each: `compute`
-(load and H inner steps; 0 when the round was trained ahead), `wait` (for
+Delayed tasks (islands/delayed.py) record four phases each, adding up to
+the task's time: `compute` (the worker's program built, for its first
+task, the start state loaded and H inner steps; 0 when the round was
+trained ahead), `wait` (for
 the module version the round restarts from, and reading it), `next_round`
 (the next round trained ahead while this one's uploads run) and
 `upload_tail` (uploads still running after that); and, for the record,
