@@ -155,7 +155,14 @@ def base_config() -> ml_collections.ConfigDict:
   # DiLoCoX communication (diloco/comm.py, comm_step.py, compress.py). The
   # defaults are plain DiLoCo/DiPaCo and leave the run's settings hash as
   # it was before these fields existed (stages/run_configs.py).
-  c.diloco.delay = "none"  # none | one_round | lookahead | eager
+  # none | one_round | lookahead | eager | overlap
+  c.diloco.delay = "none"
+  # tau of delay=overlap (Streaming DiLoCo, diloco/overlap_step.py): the
+  # outer step of the round ending at step (k+1)H is applied tau inner
+  # steps later, 1 <= tau <= H (tau = H is one_round's rule). Needed, and
+  # allowed, only with delay=overlap: 0 = not used, so no default tau
+  # hides in a run's hash.
+  c.diloco.overlap_steps = 0
   c.diloco.compression = "none"  # none | int8 | int4 | e3m0 | lowrank | topk
   c.diloco.error_feedback = False  # Keep what compression drops, per worker.
   c.diloco.compression_block_size = 256  # int8/int4/e3m0: values per scale.

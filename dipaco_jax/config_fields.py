@@ -113,6 +113,8 @@ _RANGES = (
     _Range("inner_opt.weight_decay", _F, 0),
     _Range("inner_opt.grad_clip", _F, 0, why="0 = no clipping"),
     _Range("diloco.inner_steps", _I, 0, why="H; 0 = never sync"),
+    _Range("diloco.overlap_steps", _I, 0,
+           why="tau of delay=overlap; 0 = not used"),
     _Range("diloco.outer_lr", _F, 0, low_open=True,
            why="outer SGD with 1.0 is plain averaging; <= 0 drops or reverses "
            "the workers' updates"),
@@ -161,7 +163,8 @@ _CHOICES = {
     "eval.window_router_objective": ("expected_nll", "best_path"),
     "inner_opt.name": ("adamw", "sgd"),
     "diloco.outer_optimizer": ("nesterov", "sgd", "adam"),
-    "diloco.delay": ("none", "one_round", "lookahead", "eager"),
+    "diloco.delay": ("none", "one_round", "lookahead", "eager",
+                     "overlap"),
     "diloco.compression": ("none", "int8", "int4", "e3m0", "lowrank",
                            "topk"),
 }

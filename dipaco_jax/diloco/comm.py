@@ -18,7 +18,7 @@ import dataclasses
 from dipaco_jax.diloco import compress
 from dipaco_jax.errors import UserError
 
-DELAYS = ("none", "one_round", "lookahead", "eager")
+DELAYS = ("none", "one_round", "lookahead", "eager", "overlap")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +116,13 @@ def all_plain(comms: dict[str, SlotComm]) -> bool:
   return all(c.plain for c in comms.values())
 
 
+def overlap_steps(config) -> int:
+  """tau of `delay=overlap` (diloco/overlap_step.py), 0 without it: check
+  the config first, which allows overlap only on every slot at once."""
+  d = config.diloco
+  return d.overlap_steps if d.delay == "overlap" else 0
+
+
 def max_delay(comms: dict[str, SlotComm]) -> int:
   """Rounds between handing a round over and applying it (0 or 1)."""
   return int(any(c.delayed for c in comms.values()))
@@ -133,8 +140,27 @@ def check_config(config) -> None:
         "diloco.compression_rank_min", f"{d.compression_rank_min} must be "
         f"<= diloco.compression_rank_max ({d.compression_rank_max}).")
   slots = paths_lib.topology_from_config(config).slots
-  for name, slot_comm in comm_by_slot(config, slots).items():
+  comms = comm_by_slot(config, slots)
+  _check_overlap(config, {c.delay for c in comms.values()})
+  for name, slot_comm in comms.items():
     try:
       compress.make_codec(slot_comm.spec)
     except ValueError as e:  # Only per_slot values can get here.
       config_fields.fail("diloco.per_slot", f"slot {name}: {e}.")
+
+
+def _check_overlap(config, delays: set) -> None:
+  """overlap runs on every slot or none (its apply steps are the loop's,
+  one tau for all), with 1 <= tau <= H."""
+  from dipaco_jax import config_fields  # pylint: disable=g-import-not-at-top
+  d = config.diloco
+  if "overlap" in delays and len(delays) > 1:
+    config_fields.fail("diloco.per_slot", "delay overlap must be every "
+                       "slot's (diloco.delay=overlap, no per-slot delay).")
+  tau, h = d.overlap_steps, d.inner_steps
+  if "overlap" in delays and not 1 <= tau <= max(h, 1):
+    config_fields.fail("diloco.overlap_steps", f"{tau} must be in [1, "
+                       f"diloco.inner_steps={h}] with delay overlap.")
+  if tau and "overlap" not in delays:
+    config_fields.fail("diloco.overlap_steps", f"{tau} is used only with "
+                       "diloco.delay=overlap; leave it 0.")

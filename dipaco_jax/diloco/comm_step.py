@@ -63,8 +63,38 @@ other worker's one round late; the views differ by one round of own
 progress. Extra state: the previous round's sent contribution and the
 per-worker outer optimizer state.
 
+**Delay** `overlap` (Streaming DiLoCo, Douillard et al. 2025, arXiv
+2501.18512: the outer step's communication overlaps tau inner steps of the
+next round, 1 <= tau <= H = `diloco.overlap_steps`). Two halves, in
+`diloco/overlap_step.py`, called by the loop (round k ends at step
+(k + 1) H):
+
+  handover, step (k + 1) H:
+    c_w^k   = a_w - x_w                   (compressed as one_round's)
+    D^k     = mix(C(c^k))                 (in flight)
+    h_w     <- x_w                        (the parameters handed over)
+  apply, step (k + 1) H + tau:
+    g       <- OuterOpt(g, D^k)
+    x_w     <- x_w + (g[e(w)] - h_w)      (the new global, plus the own
+                                           progress since the handover)
+    a_w     <- g[e(w)]
+
+so the next handover's c_w = g - x_w is the worker's whole round (tau
+steps before the apply and H - tau after), each pseudo-gradient reaches
+the outer optimizer once, tau steps late. With tau = H the apply of round
+k - 1 comes first at the step of round k's handover, which is
+`one_round` in exact arithmetic (not bit for bit: one_round's c = a - x
+has a = x_prev + (g - a_prev), ours g - x with x = x_prev + (g - h); in
+float32 they round differently, ~1e-7). Our reading: the paper also
+merges the arriving global with the local parameters by a weight alpha,
+and streams fragments of the model at staggered times; we do neither
+(alpha = 1 on the global, every module at once), and keep the worker's
+own progress since the handover as one_round does. At the end of
+training the last handover's apply is `flush`ed.
+
 Everything lives in the state, so a checkpoint holds the round in flight:
   inner.anchor         {slot: [W, ...]}  delayed slots
+  inner.handover       {slot: [W, ...]}  overlap: x at the last handover
   inner.residual       {slot: [W, ...]}  error feedback
   inner.codec_state    {slot: ...}       stateful compressors (low rank)
   inner.sent_bytes_W   [W]               payload bytes of the last round
@@ -116,6 +146,10 @@ def init_extra(comms: dict, inner_params: dict, bank: dict,
         n: jnp.zeros((jax.tree.leaves(bank[n])[0].shape[0],), jnp.float32)
         for n in delayed}
     outer["has_pending"] = jnp.zeros((), jnp.int32)
+  overlap = [n for n, c in comms.items() if c.delay == "overlap"]
+  if overlap:  # h: each worker's parameters at the last handover.
+    inner["handover"] = {n: jax.tree.map(jnp.copy, inner_params[n])
+                         for n in overlap}
   if feedback:
     inner["residual"] = {n: compress_apply.init_residuals(inner_params[n])
                          for n in feedback}
@@ -139,6 +173,22 @@ def _send(comm, contribs_W, inner: dict, name: str, num_workers: int):
   return compress_apply.compress_tree(codec, contribs_W, residual, state)
 
 
+def contribute(comm, anchor_W, x_W, inner: dict, new_inner: dict,
+               name: str, num_workers: int):
+  """c_w = a_w - x_w and what the slot's workers send of it: (c, sent,
+  bytes_W); sets the slot's new residual and codec state in `new_inner`."""
+  contribs_W = jax.tree.map(
+      lambda a, x: a.astype(jnp.float32) - x.astype(jnp.float32),
+      anchor_W, x_W)
+  sent, residual, codec_state, bytes_W = _send(
+      comm, contribs_W, inner, name, num_workers)
+  if residual is not None:
+    new_inner["residual"][name] = residual
+  if codec_state is not None:
+    new_inner["codec_state"][name] = codec_state
+  return contribs_W, sent, bytes_W
+
+
 def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
                  assignment_WxS, slot_names, weights_W,
                  rescale_by_sqrt_users: bool) -> tuple[dict, dict]:
@@ -159,18 +209,13 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
   bytes_W = jnp.zeros((num_workers,), jnp.float32)
   for s, name in enumerate(slot_names):
     comm = comms[name]
+    if comm.delay == "overlap":  # Two halves, tau steps apart.
+      raise ValueError("delay overlap: use diloco.overlap_step")
     x_W = inner["params"][name]
     anchor_W = inner["anchor"][name] if comm.delayed else start[name]
-    contribs_W = jax.tree.map(
-        lambda a, x: a.astype(jnp.float32) - x.astype(jnp.float32),
-        anchor_W, x_W)
-    sent, residual, codec_state, slot_bytes_W = _send(
-        comm, contribs_W, inner, name, num_workers)
+    contribs_W, sent, slot_bytes_W = contribute(
+        comm, anchor_W, x_W, inner, new_inner, name, num_workers)
     bytes_W = bytes_W + slot_bytes_W
-    if residual is not None:
-      new_inner["residual"][name] = residual
-    if codec_state is not None:
-      new_inner["codec_state"][name] = codec_state
     delta_K = outer_lib.mix({name: sent}, (name,), [mixing[s]], [users[s]],
                             rescale_by_sqrt_users)[name]
     if not comm.delayed:

@@ -75,7 +75,7 @@ _COMM_FIELDS = ("delay", "compression", "error_feedback",
                 "compression_block_size", "compression_rank_min",
                 "compression_rank_max", "compression_energy",
                 "compression_topk_fraction", "compression_topk_chunk",
-                "error_feedback_decay", "per_slot")
+                "error_feedback_decay", "per_slot", "overlap_steps")
 
 
 def _hash(fields: dict) -> str:

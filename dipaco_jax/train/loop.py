@@ -106,7 +106,10 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   window = []  # Losses since the last log line: logged as their mean.
   # Stops a diverging run before its state is saved (every process alike:
   # it reads the same gathered losses and global norms).
-  guard = metrics_lib.DivergenceGuard(sync_every, start, state)
+  # With `lag_steps` (delay=overlap) the parameters change tau steps after
+  # each round's end, first after round 0's apply.
+  guard = metrics_lib.DivergenceGuard(sync_every, start, state,
+                                      outer_offset=sync_lib.lag_steps(sync))
 
   def drain(done, num_steps_run, device_metrics):
     """The metrics of one dispatch: of step `done`, or [K, W] of the K
@@ -148,6 +151,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   dispatches = dispatch.plan(
       start, num_steps, c.train.steps_per_dispatch,
       lambda done: bool(sync_every and done % sync_every == 0)
+      or sync_lib.finish_due(sync, done, sync_every) is not None
       or ckpt.should_save(done, num_steps))
   # Each process makes only the rows of the workers its devices hold.
   local_batch = functools.partial(batches.batch,
@@ -174,6 +178,12 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         else:
           state, device_metrics = runtime.inner_k_steps(state, batch)
         done = step + n
+        due = sync_lib.finish_due(sync, done, sync_every)
+        if due is not None:  # Before a start at this step (tau = H).
+          state = sync.finish(due, state)
+          if done % sync_every:  # Else run once, after the start below.
+            for fn in after_outer_step:
+              fn(done, state)
         if sync_every and done % sync_every == 0:
           state = _sync_round(sync, done // sync_every - 1, state)
           if "sent_bytes_W" in state["inner"]:
@@ -223,6 +233,6 @@ def _sync_round(sync, round_index: int, state):
   """Ends round `round_index`: hands it over, and applies the round that is
   due (`sync.delay` rounds earlier)."""
   state = sync.start(round_index, state)
-  if round_index >= sync.delay:
+  if round_index >= sync.delay and not sync_lib.lag_steps(sync):
     state = sync.finish(round_index - sync.delay, state)
   return state

@@ -199,8 +199,10 @@ class DivergenceGuard:
   """
 
   def __init__(self, sync_every: int, start_step: int, state, window=20,
-               margin=3.0, mad_factor=10.0, norm_factor=10.0):
+               margin=3.0, mad_factor=10.0, norm_factor=10.0,
+               outer_offset=0):
     self.sync_every = sync_every
+    self.outer_offset = outer_offset  # tau of delay=overlap's applies.
     self.margin, self.mad_factor = margin, mad_factor
     self.norm_factor = norm_factor
     self._recent = collections.deque(maxlen=window)  # losses_W per step
@@ -214,6 +216,7 @@ class DivergenceGuard:
 
   def outer_step_at(self, step: int) -> bool:
     """Whether an outer step ran right after inner step `step`."""
+    step -= self.outer_offset
     return bool(self.sync_every) and step > 0 and step % self.sync_every == 0
 
   def check_losses(self, step: int, losses_W) -> None:

@@ -32,6 +32,7 @@ import optax
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import comm_step
+from dipaco_jax.diloco import overlap_step
 from dipaco_jax.diloco import inner as inner_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.model import bank as bank_lib
@@ -88,6 +89,8 @@ class Runtime:
     # of `diloco.outer` exactly as without them.
     self.comms = comm_lib.comm_by_slot(c, self.topology.slots)
     self.comm_plain = comm_lib.all_plain(self.comms)
+    # delay=overlap: the outer step in two halves, tau steps apart.
+    self.overlap_steps = comm_lib.overlap_steps(c)
     self._build_shardings()
     self.init_state = self._jit_init()
     self._all_finite = jax.jit(lambda s: jnp.all(jnp.stack([
@@ -97,6 +100,8 @@ class Runtime:
     self.inner_k_steps = self._jit_inner_k_steps()
     self.outer_step = self._jit_outer_step()
     self.flush_step = self._jit_flush_step()
+    if self.overlap_steps:
+      self.handover_step, self.apply_step = overlap_step.jit_steps(self)
 
   # --- Shapes and shardings ---------------------------------------------
 
@@ -162,7 +167,7 @@ class Runtime:
     inner, outer = abstract["inner"], abstract["outer"]
     inner_sh = self.state_shardings["inner"]
     outer_sh = self.state_shardings["outer"]
-    for key in ("anchor", "residual", "prev_sent"):
+    for key in ("anchor", "residual", "prev_sent", "handover"):
       if key in inner:
         inner_sh[key] = {n: self.inner_param_shardings[n]
                          for n in inner[key]}

@@ -8,8 +8,12 @@ step (r + 1) H) and asks its synchronizer for the outer step:
 
 `finish(r)` is called `delay` rounds after `start(r)`: right away for
 `delay = 0`, at the end of round r + 1 for DiLoCoX's one-round-late update.
-Rounds still open when training ends are finished in order by the loop
-(`finish_remaining`). Implementations:
+A synchronizer whose `lag_steps` is tau > 0 (`delay=overlap`, Streaming
+DiLoCo) is called by inner steps instead: `finish(r)` after inner step
+(r + 1) H + tau, before a `start` at that same step (tau = H), and the
+loop's dispatches end there too (`acts_after`). Rounds still open when
+training ends are finished in order by the loop (`finish_remaining`).
+Implementations:
 
   InProcessSync   every worker in this SPMD program: the jitted chain of
                   `diloco.outer` (or, with DiLoCoX's delay or compression,
@@ -21,7 +25,9 @@ an exact simulation of the one-round-late rule: `start(r)` runs the step
 that hands round r over and applies round r - 1 (both live in the state,
 so a checkpoint between them loses nothing), `finish(r - 1)` has nothing
 left to do, and the last round's `finish` applies the round still in
-flight (`Runtime.flush_step`).
+flight (`Runtime.flush_step`). With `delay=overlap` (`lag_steps` = tau),
+`start(r)` is `Runtime.handover_step`, `finish(r)` is `apply_step`, and
+the last round's (due past the end) is `flush_step`; islands refuse it.
 
 The worker weights of the outer step are the synchronizer's, not the
 runtime's: `set_weights` changes them between rounds (0 for a worker whose
@@ -41,6 +47,9 @@ class Synchronizer(Protocol):
   """What the training loop needs from an outer-step implementation."""
 
   delay: int  # Rounds between `start(r)` and `finish(r)`.
+  # Optional: inner steps between `start(r)` and `finish(r)` when > 0
+  # (then `delay` is 1, the rounds open when training ends).
+  lag_steps: int
 
   def start(self, round_index: int, state: dict) -> dict:
     """Hands over round `round_index`'s contribution; returns the state
@@ -58,6 +67,7 @@ class InProcessSync:
   def __init__(self, runtime):
     self.runtime = runtime
     self.delay = comm_lib.max_delay(runtime.comms)
+    self.lag_steps = runtime.overlap_steps
     self.set_weights(runtime.outer_weights_W)
     self._started = set()
     self._last_started = -1
@@ -81,6 +91,8 @@ class InProcessSync:
   def start(self, round_index: int, state: dict) -> dict:
     self._started.add(round_index)
     self._last_started = max(self._last_started, round_index)
+    if self.lag_steps:  # Hands round r over; applies nothing.
+      return self.runtime.handover_step(state, self._weights_W)
     if self.delay:  # Hands round r over; applies round r - 1.
       return self.runtime.outer_step(state, self._weights_W)
     return state
@@ -94,6 +106,12 @@ class InProcessSync:
     # A resumed run finishes a round started before its checkpoint: the
     # state holds it.
     self._started.discard(round_index)
+    if self.lag_steps:
+      c = self.runtime.config
+      # The last round's apply would come after the end: flushed instead.
+      if (round_index + 1) * c.diloco.inner_steps < c.train.num_steps:
+        return self.runtime.apply_step(state)
+      return self.runtime.flush_step(state)
     if round_index < self._last_started:
       return state  # Applied by start(round_index + 1).
     return self.runtime.flush_step(state)
@@ -106,3 +124,16 @@ def finish_remaining(sync: Synchronizer, last_round: int, state: dict
   for r in range(max(last_round - sync.delay + 1, 0), last_round + 1):
     state = sync.finish(r, state)
   return state
+
+
+def lag_steps(sync) -> int:
+  """The synchronizer's `lag_steps`, 0 for one without it."""
+  return getattr(sync, "lag_steps", 0)
+
+
+def finish_due(sync, done: int, sync_every: int) -> int | None:
+  """The round a `lag_steps` synchronizer finishes after step `done`."""
+  lag = lag_steps(sync)
+  if lag and sync_every and done > lag and (done - lag) % sync_every == 0:
+    return (done - lag) // sync_every - 1
+  return None
