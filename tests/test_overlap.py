@@ -99,12 +99,12 @@ def _config(tau, delay="overlap", shape="1", replicas=2, **diloco):
   return config
 
 
-def _train(config, run_dir, hooks=()):
+def _train(config, run_dir, hooks=(), after_outer_step=()):
   runtime = testing.tiny_runtime(config)
   num_workers = runtime.topology.num_workers
   return loop.train(runtime, testing.RandomBatches(
       num_workers, 8, config.data.seq_len), str(run_dir), {"h": "1"}, "t",
-                    hooks=hooks)
+                    hooks=hooks, after_outer_step=after_outer_step)
 
 
 def _common(state):
@@ -161,7 +161,12 @@ def test_dispatches_end_at_the_apply_steps(tmp_path):
   one = _train(_config(2), tmp_path / "one").state
   config = _config(2)
   config.train.steps_per_dispatch = 3
-  three = _train(config, tmp_path / "three").state
+  # after_outer_step runs where the global modules change: the applies
+  # and the end (the flush), not the handovers.
+  changed = []
+  three = _train(config, tmp_path / "three", after_outer_step=[
+      lambda step, state: changed.append(step)]).state
+  assert changed == [6, 10, 12]
   for a, b in zip(_leaves(one), _leaves(three), strict=True):
     np.testing.assert_array_equal(a, b)
 

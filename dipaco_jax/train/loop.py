@@ -51,7 +51,8 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
       which may be that many dispatches of `train.steps_per_dispatch`
       steps ahead).
     after_outer_step: callables `fn(step, state)` run right after each outer
-      step (e.g. per-path early stopping).
+      step (e.g. per-path early stopping); with a synchronizer's
+      `lag_steps`, after each apply and at the end.
     synchronizer: where outer steps come from (`train.sync`); by default
       the in-process jitted step of `runtime`.
   """
@@ -199,8 +200,12 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
             # A delayed synchronizer's open rounds, before the final save.
             state = sync_lib.finish_remaining(sync, done // sync_every - 1,
                                               state)
-          for fn in after_outer_step:
-            fn(done, state)
+          # A lag synchronizer's handover leaves the global modules as
+          # they were: its hooks run after its applies and at the end.
+          if not (sync_lib.lag_steps(sync) and due is None
+                  and done != num_steps):
+            for fn in after_outer_step:
+              fn(done, state)
         tracer.after(step, n, state)
         pending.append((done, n, device_metrics))
         while len(pending) > c.train.metrics_lag:
