@@ -43,6 +43,14 @@
 #   lookahead_topk16_ef   the same with chunked top-k 256/4096 + error
 #                         feedback (36x)
 #   lookahead_lr1         lookahead at outer lr 1.0
+# The sixth round (NAMES="overlap_tau5 overlap_tau10 overlap_tau25
+# overlap_tau5_int4_ef"; `delay=overlap`, built in session 13: round r's
+# outer step lands tau of H = 50 inner steps after round r ends, at the
+# default outer Nesterov 0.7 / 0.9; tau = 50 would be one_round):
+#   overlap_tau5          tau = 5 (a transfer hidden behind 10% of a round)
+#   overlap_tau10         tau = 10
+#   overlap_tau25         tau = 25
+#   overlap_tau5_int4_ef  tau = 5 with int4 + error feedback (7.8x)
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # Writes OUT_DIR/summary.md (python bench/comm_table.py on the arms; the
@@ -81,6 +89,10 @@ declare -A ARMS=(
   [lookahead_int4_ef]="$d.delay=lookahead $d.compression=int4 $d.error_feedback=True"
   [lookahead_topk16_ef]="$d.delay=lookahead $topk16"
   [lookahead_lr1]="$d.delay=lookahead $d.outer_lr=1.0"
+  [overlap_tau5]="$d.delay=overlap $d.overlap_steps=5"
+  [overlap_tau10]="$d.delay=overlap $d.overlap_steps=10"
+  [overlap_tau25]="$d.delay=overlap $d.overlap_steps=25"
+  [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $d.compression=int4 $d.error_feedback=True"
 )
 on_gpu 0 run diloco_x8
 # shellcheck disable=SC2086
