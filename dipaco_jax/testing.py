@@ -61,3 +61,39 @@ class RandomBatches:
       rng = np.random.default_rng([self.seed, w, int(self.salt_W[w]), step])
       out[i] = rng.integers(4, self.vocab_size, self.shape[1:])
     return out
+
+
+class Preempted(Exception):
+  """A kill in the middle of a training run (raised by `preempt_after`)."""
+
+
+def preempt_after(step_to_die: int):
+  """A training-loop hook that raises Preempted once step `step_to_die`'s
+  metrics arrive (the checkpoints before it stay)."""
+  def hook(step, state, losses_W):
+    del state, losses_W
+    if step == step_to_die:
+      raise Preempted(step)
+  return hook
+
+
+def assert_resume_is_exact(train, tmp_path, die_after: int,
+                           resumed_from: int):
+  """`train(run_dir, hooks=...)` run straight, and killed after step
+  `die_after` then run again in its directory: the second must resume from
+  the checkpoint of step `resumed_from` and end on the same state, bit for
+  bit. Returns that state on the host."""
+  straight = jax.device_get(train(tmp_path / "straight").state)
+  try:
+    train(tmp_path / "resumed", hooks=[preempt_after(die_after)])
+  except Preempted:
+    pass
+  else:
+    raise AssertionError(f"the run ended before step {die_after}")
+  resumed = train(tmp_path / "resumed")
+  assert resumed.resumed_from == resumed_from, resumed.resumed_from
+  state = jax.device_get(resumed.state)
+  for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(state),
+                  strict=True):
+    np.testing.assert_array_equal(a, b)
+  return state

@@ -2,6 +2,8 @@
 tau = H against one_round, resume with a round in flight, dispatches that
 end at the apply steps, and the config's refusals."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,10 +22,6 @@ from dipaco_jax.train import dispatch
 from dipaco_jax.train import loop
 from dipaco_jax.train import metrics as metrics_lib
 from dipaco_jax.train import sync as sync_lib
-
-
-class Preempted(Exception):
-  pass
 
 
 def _leaves(tree):
@@ -138,20 +136,11 @@ def test_a_round_in_flight_survives_a_kill(tmp_path):
   runtime = testing.tiny_runtime(config)
   assert {"anchor", "handover", "residual", "codec_state"} <= set(
       runtime.abstract_state["inner"])
-  straight = _train(config, tmp_path / "straight").state
-
-  def die(step, state, losses):
-    del state, losses
-    if step == 5:
-      raise Preempted(step)
-
-  with pytest.raises(Preempted):
-    _train(config, tmp_path / "resumed", hooks=[die])
-  resumed = _train(config, tmp_path / "resumed")
-  assert resumed.resumed_from == 4
-  for a, b in zip(_leaves(straight), _leaves(resumed.state), strict=True):
-    np.testing.assert_array_equal(a, b)
-  state = jax.device_get(resumed.state)
+  # Killed after step 5: the checkpoint of step 4 is between round 0's
+  # handover (4) and its apply (6).
+  state = testing.assert_resume_is_exact(functools.partial(_train, config),
+                                         tmp_path, die_after=5,
+                                         resumed_from=4)
   assert int(state["outer"]["has_pending"]) == 0  # Flushed at the end.
 
 
