@@ -367,7 +367,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
           "eval.early_stopping off.")
   from dipaco_jax.model import pipelined  # pylint: disable=g-import-not-at-top
   pipelined.check_config(config)
-  mesh = resolve_mesh_shape(config, num_devices)
+  from dipaco_jax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  mesh = mesh_lib.resolve_mesh_shape(config, num_devices)
   if num_workers % mesh["path"]:
     _fail("mesh.path", f"{num_workers} workers (paths x replicas) must be "
           f"divisible by mesh.path={mesh['path']}.")
@@ -381,29 +382,3 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
 def num_workers_of(config) -> int:
   """Workers = paths x replicas: the leading axis of the inner state."""
   return math.prod(parse_shape(config.paths.shape)) * config.paths.num_replicas
-
-
-def resolve_mesh_shape(config, num_devices: int) -> dict[str, int]:
-  """Resolves `path=0` (auto) and the one -1 axis against `num_devices`."""
-  sizes = {a: config.mesh[a] for a in MESH_AXES}
-  if sum(s == -1 for s in sizes.values()) > 1 or any(
-      s < -1 or (s == 0 and a not in ("path", "stage"))
-      for a, s in sizes.items()):
-    _fail("mesh", f"{sizes}: sizes are positive, with at most one -1 "
-          "(and path and stage may be 0 = auto).")
-  if sizes["stage"] == 0:
-    sizes["stage"] = config.pipeline.stages
-  if sizes["path"] == 0:
-    stage = max(sizes["stage"], 1)  # Workers share what stages leave.
-    sizes["path"] = math.gcd(num_workers_of(config),
-                             max(num_devices // stage, 1))
-  known = math.prod(s for s in sizes.values() if s != -1)
-  if num_devices % known:
-    _fail("mesh", f"{sizes} does not divide {num_devices} devices.")
-  for a, s in sizes.items():
-    if s == -1:
-      sizes[a] = num_devices // known
-  if math.prod(sizes.values()) != num_devices:
-    _fail("mesh", f"{sizes} uses {math.prod(sizes.values())} devices but "
-          f"{num_devices} are present.")
-  return sizes

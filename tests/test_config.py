@@ -7,6 +7,7 @@ import pytest
 
 from dipaco_jax import config_base
 from dipaco_jax import testing
+from dipaco_jax.parallel import mesh as mesh_lib
 
 _EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
 
@@ -56,7 +57,7 @@ def test_mesh_must_divide_devices_and_workers():
 
 def test_auto_mesh_puts_workers_on_the_path_axis():
   config = testing.tiny_config("2x2", inner_steps=4)
-  assert config_base.resolve_mesh_shape(config, 8) == {
+  assert mesh_lib.resolve_mesh_shape(config, 8) == {
       "path": 4, "stage": 1, "data": 2, "fsdp": 1, "tensor": 1}
 
 

@@ -114,6 +114,12 @@ from dipaco_jax.diloco import compress_apply
 from dipaco_jax.diloco import outer as outer_lib
 
 
+def copy_top(part: dict) -> dict:
+  """A copy of a state part whose dicts of slots can be replaced slot by
+  slot without touching the caller's (the arrays are shared)."""
+  return {k: dict(v) if isinstance(v, dict) else v for k, v in part.items()}
+
+
 def _tree_bytes_W(tree, num_workers: int):
   """float32 payload bytes per worker of an uncompressed tree [W, ...]."""
   per_worker = sum(x.size // num_workers for x in jax.tree.leaves(tree)) * 4
@@ -201,10 +207,8 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
   mixing = outer_lib.mixing_matrices(assignment_WxS, weights_W, num_experts)
   start = outer_lib.gather_workers(bank, assignment_WxS, slot_names)
   has_pending = outer.get("has_pending", jnp.zeros((), jnp.int32)) > 0
-  new_outer = {k: dict(v) if isinstance(v, dict) else v
-               for k, v in outer.items()}
-  new_inner = {k: dict(v) if isinstance(v, dict) else v
-               for k, v in inner.items()}
+  new_outer = copy_top(outer)
+  new_inner = copy_top(inner)
   new_outer["params"], new_outer["opt_state"] = {}, {}
   bytes_W = jnp.zeros((num_workers,), jnp.float32)
   for s, name in enumerate(slot_names):
@@ -260,10 +264,8 @@ def flush(outer: dict, inner: dict, tx, *, comms: dict, assignment_WxS,
   if "has_pending" not in outer:
     return outer, inner
   has_pending = outer["has_pending"] > 0
-  new_outer = {k: dict(v) if isinstance(v, dict) else v
-               for k, v in outer.items()}
-  new_inner = {k: dict(v) if isinstance(v, dict) else v
-               for k, v in inner.items()}
+  new_outer = copy_top(outer)
+  new_inner = copy_top(inner)
   for s, name in enumerate(slot_names):
     if not comms[name].delayed:
       continue

@@ -12,10 +12,6 @@ from dipaco_jax.diloco import comm_step
 from dipaco_jax.diloco import outer as outer_lib
 
 
-def _copy(tree: dict) -> dict:
-  return {k: dict(v) if isinstance(v, dict) else v for k, v in tree.items()}
-
-
 def handover(outer: dict, inner: dict, *, comms: dict, assignment_WxS,
              slot_names, weights_W, rescale_by_sqrt_users: bool
              ) -> tuple[dict, dict]:
@@ -27,7 +23,8 @@ def handover(outer: dict, inner: dict, *, comms: dict, assignment_WxS,
   num_workers = assignment_WxS.shape[0]
   users = outer_lib.users_per_module(assignment_WxS, weights_W, num_experts)
   mixing = outer_lib.mixing_matrices(assignment_WxS, weights_W, num_experts)
-  new_outer, new_inner = _copy(outer), _copy(inner)
+  new_outer, new_inner = (comm_step.copy_top(outer),
+                          comm_step.copy_top(inner))
   bytes_W = jnp.zeros((num_workers,), jnp.float32)
   for s, name in enumerate(slot_names):
     x_W = inner["params"][name]
@@ -52,7 +49,8 @@ def apply(outer: dict, inner: dict, tx, *, assignment_WxS, slot_names
   x_w <- x_w + (g[e(w)] - h_w), a_w <- g[e(w)]. A no-op without a round in
   flight. Returns (outer, inner)."""
   has_pending = outer["has_pending"] > 0
-  new_outer, new_inner = _copy(outer), _copy(inner)
+  new_outer, new_inner = (comm_step.copy_top(outer),
+                          comm_step.copy_top(inner))
   for s, name in enumerate(slot_names):
     b, o = comm_step._optimize(  # pylint: disable=protected-access
         tx, outer["params"], outer["opt_state"], name,

@@ -6,6 +6,7 @@ in Auto axis mode; parameters carry logical axis names and
 `stage` axis holds pipeline stages (`model.pipelined`).
 """
 
+import math
 import os
 
 import flax.linen as nn
@@ -14,6 +15,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dipaco_jax import config_base
+from dipaco_jax import config_fields
 
 
 def setup_fake_devices(num_devices: int, check: bool = True) -> None:
@@ -49,11 +51,38 @@ def verify_fake_devices(num_devices: int) -> None:
 
 def make_mesh(config, devices=None) -> jax.sharding.Mesh:
   devices = devices if devices is not None else jax.devices()
-  shape = config_base.resolve_mesh_shape(config, len(devices))
+  shape = resolve_mesh_shape(config, len(devices))
   axes = config_base.MESH_AXES
   return jax.make_mesh(tuple(shape[a] for a in axes), axes,
                        axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
                        devices=devices)
+
+
+def resolve_mesh_shape(config, num_devices: int) -> dict[str, int]:
+  """Resolves `path=0` (auto) and the one -1 axis against `num_devices`."""
+  sizes = {a: config.mesh[a] for a in config_base.MESH_AXES}
+  if sum(s == -1 for s in sizes.values()) > 1 or any(
+      s < -1 or (s == 0 and a not in ("path", "stage"))
+      for a, s in sizes.items()):
+    config_fields.fail("mesh", f"{sizes}: sizes are positive, with at most "
+                       "one -1 (and path and stage may be 0 = auto).")
+  if sizes["stage"] == 0:
+    sizes["stage"] = config.pipeline.stages
+  if sizes["path"] == 0:
+    stage = max(sizes["stage"], 1)  # Workers share what stages leave.
+    sizes["path"] = math.gcd(config_base.num_workers_of(config),
+                             max(num_devices // stage, 1))
+  known = math.prod(s for s in sizes.values() if s != -1)
+  if num_devices % known:
+    config_fields.fail("mesh",
+                       f"{sizes} does not divide {num_devices} devices.")
+  for a, s in sizes.items():
+    if s == -1:
+      sizes[a] = num_devices // known
+  if math.prod(sizes.values()) != num_devices:
+    config_fields.fail("mesh", f"{sizes} uses {math.prod(sizes.values())} "
+                       f"devices but {num_devices} are present.")
+  return sizes
 
 
 def rules_of(config) -> tuple:
