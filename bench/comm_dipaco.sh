@@ -6,6 +6,11 @@
 #   int4_ef                 int4 + error feedback (7.8x fewer bytes)
 #   one_round_lr1           one round late, outer lr 1.0 (momentum 0.9)
 #   one_round_lr1_int4_ef   the combined arm: the two above together
+# Second round (NAMES="overlap_tau5 overlap_tau5_int4_ef", fixed in
+# session 14 from the DiLoCo x8 table, where tau = 5 cost 1.3%):
+#   overlap_tau5            delay=overlap, the outer step 5 of H = 50
+#                           inner steps late (outer Nesterov 0.7 / 0.9)
+#   overlap_tau5_int4_ef    the same with int4 + error feedback
 # The settings are the best of the DiLoCo x8 table (BUILD_NOTES.md, issue
 # 11), fixed before any DiPaCo run, not chosen on DiPaCo's validation.
 # Usage: [STEPS=500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
@@ -27,6 +32,8 @@ d=--config.diloco
 int4="$d.compression=int4 $d.error_feedback=True"
 declare -A ARMS=(
   [int4_ef]="$int4"
+  [overlap_tau5]="$d.delay=overlap $d.overlap_steps=5"
+  [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $int4"
   [one_round_lr1]="$d.delay=one_round $d.outer_lr=1.0"
   [one_round_lr1_int4_ef]="$d.delay=one_round $d.outer_lr=1.0 $int4"
 )

@@ -42,6 +42,18 @@ def load_config(path):
   return module.get_config()
 
 
+def apply_overrides(config, settings):
+  """`section.field=value` strings (bench flags `--set`) onto `config`,
+  each value parsed as the field's type."""
+  for key, value in (kv.split("=", 1) for kv in settings if kv):
+    section, field = key.split(".")
+    kind = type(config[section][field])
+    # bool("False") is True: booleans are spelled out.
+    config[section][field] = (value.lower() in ("1", "true")
+                              if kind is bool else kind(value))
+  return config
+
+
 def random_layout(config, num_tokens, rng):
   lengths = rng.integers(1000, 2000, num_tokens // 1500 + 1)
   tokens = rng.integers(4, config.data.vocab_size, lengths.sum()).astype(

@@ -33,10 +33,15 @@
 # baseline a DiPaCo run trains next takes STEPS steps, and the SPMD run's
 # copy of it (SPMD_STEPS) is reused only when the two are equal.
 # ARMS=" " (a space) runs no island arm (the SPMD run alone, for SKIP_SPMD).
+# PATH1=1 (dipaco4) also runs one path as a worker holds it, SPMD on one GPU
+# (paths.shape=1x1 of the same config: its two slots of 4 layers, H of the
+# first arm, SPMD_STEPS steps, the same data and base): the baseline whose
+# program equals the workers'; the dense baseline's one slot of 8 layers
+# runs about 4% faster on an H100 (BUILD_NOTES, issue 15).
 # PROFILE=START:COUNT traces those inner steps (config.train.profile_steps)
 # in the SPMD runs and in each worker that runs them, and writes each
 # trace's idle gaps (bench/trace_gaps.py) as OUT/*_gaps.{txt,json}.
-# Env: STEPS, ARMS, DETERMINISTIC, MAX_CHARS, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
+# Env: STEPS, ARMS, DETERMINISTIC, MAX_CHARS, PATH1, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
 # the SPMD run, e.g. the outer optimizer), GPUS (the GPUs to use, e.g.
 # "0,1": the SPMD run on the first, worker i on the i-th; default 0..N-1),
 # so another job can use the machine's other GPUs meanwhile; SPMD_STEPS
@@ -48,6 +53,12 @@
 set -uo pipefail
 part=${1:?paths256|diloco2|diloco4|dipaco4}; out=${2:?OUT}
 mkdir -p "$out"; log="$out/$part.log"
+# A run cut short (`timeout`, ^C) takes its training processes with it:
+# session 14 lost a call to an island run that outlived its script and
+# held the next call's store. Every process this script starts names a
+# folder under /tmp/${part}_ on its command line.
+cleanup() { pkill -9 -f "dipaco_jax[.].*/tmp/${part}_"; }
+trap cleanup EXIT; trap 'exit 143' TERM INT
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 [[ -n "${DETERMINISTIC:-}" ]] && \
   export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"
@@ -101,6 +112,19 @@ case $part in
     for d in shards router splits.json runs/dense; do
       [[ -e $a/$d ]] && cp -r $a/$d $b/$d
     done
+    if [[ $part == dipaco4 && -n "${PATH1:-}" ]]; then
+      p1=/tmp/${part}_path1; rm -rf $p1; mkdir -p $p1/runs
+      cp -r $a/data $p1/; cp -r $a/runs/base $p1/runs/
+      first=${ARMS:-none:100}; IFS=: read -r _ h1 _ <<< "${first%% *}"
+      CUDA_VISIBLE_DEVICES=${gpus%%,*} python3 -m dipaco_jax.main \
+        --config=$cfg --workdir=$p1 "${corpus[@]}" "${steps[@]}" \
+        ${SPMD_STEPS:+--config.train.num_steps=$SPMD_STEPS} \
+        --config.paths.shape=1x1 ${h1:+--config.diloco.inner_steps=$h1} \
+        >> "$log" 2>&1
+      echo "exit path1 $?" >> "$log"
+      cp $p1/runs/main/logs/train/metrics.jsonl \
+        "$out/${name}_path1_metrics.jsonl"
+    fi
     cp $a/results.json "$out/${name}_spmd1_results.json"
     cp $a/runs/$run/logs/train/metrics.jsonl "$out/${name}_spmd1_metrics.jsonl"
     [[ $run == dipaco ]] && cp $a/runs/dense/logs/train/metrics.jsonl \

@@ -3,7 +3,8 @@ r"""The island tables of issues 10 and 15 from `bench/islands_gpu.sh`.
   python bench/islands_speedup.py OUT
 
 Reads OUT/{diloco,dipaco}_spmd1_metrics.jsonl (the SPMD run on one GPU)
-and OUT/{diloco,dipaco}_islands{N}_{DELAY}_h{H}[_kill{K}][_every{E}]
+(and, for DiPaCo, OUT/dipaco_{dense1,path1}_metrics.jsonl: one path
+alone in two layouts) and OUT/{diloco,dipaco}_islands{N}_{DELAY}_h{H}[_kill{K}][_every{E}]
 [_rep{R}]_{stats,results}.json (N worker processes, one GPU each) and
 prints, per island arm, the aggregate tokens/s after round 0 (launcher.task_stats: no compilation) against the SPMD run's
 steady tokens/s (the median of its progress rows after the first, which
@@ -79,18 +80,24 @@ def table(out: pathlib.Path, name: str) -> None:
       (out / f"{name}_spmd1_results.json").read_text()))
   print(f"{name}: SPMD on one GPU: {base:,.0f} tokens/s (median of "
         f"progress rows), validation perplexity {spmd_ppl:.2f}")
-  dense = out / f"{name}_dense1_metrics.jsonl"
-  one_path = None
-  if dense.exists():  # DiPaCo's dense baseline: one path's model alone.
-    one_path = spmd_tokens_per_s(out, name, "dense1")
-    print(f"{name}: one path's model alone (the dense baseline run) on one "
-          f"GPU: {one_path:,.0f} tokens/s")
-  # Issue 15 compares DiPaCo's islands with one path on one GPU too.
-  path_col = " vs one path alone |" if one_path else ""
+  # Issue 15 compares DiPaCo's islands with one path on one GPU too, in
+  # two layouts: the dense baseline run (its 8 layers one slot) and the
+  # SPMD run of one path as a worker holds it (paths.shape=1x1: two slots
+  # of 4 layers, `islands_gpu.sh dipaco4` with PATH1=1).
+  baselines = []
+  for run, label in (("dense1", "one path's model alone (the dense "
+                      "baseline run, one slot of layers)"),
+                     ("path1", "one path in a worker's layout (paths.shape"
+                      "=1x1, the same H)")):
+    if (out / f"{name}_{run}_metrics.jsonl").exists():
+      tps = spmd_tokens_per_s(out, name, run)
+      baselines.append((run, tps))
+      print(f"{name}: {label} on one GPU: {tps:,.0f} tokens/s")
+  cols = "".join(f" vs {run} |" for run, _ in baselines)
   print("\n| workers | delay | H | kill | aggregate tokens/s after round 0 "
-        f"| vs one GPU |{path_col} training wall s | outer-step wait share "
+        f"| vs one GPU |{cols} training wall s | outer-step wait share "
         "| mean task phases (s) | perplexity |")
-  print("| --- " * (10 + bool(one_path)) + "|")
+  print("| --- " * (10 + len(baselines)) + "|")
   for path in sorted(out.glob(f"{name}_islands*_stats.json")):
     n, delay, h, kill, every, rep = re.fullmatch(
         rf"{name}_islands(\d+)_(\w+?)_h(\d+)(?:_kill(\d+))?(?:_every(\d+))?"
@@ -107,7 +114,7 @@ def table(out: pathlib.Path, name: str) -> None:
     phases = stats.get("mean_phases_s") or {}
     print(f"| {n} | {delay} | {h} | {f'w1 at +{kill} s' if kill else '-'} "
           f"| {tps:,.0f} | {tps / base:.2f}x | "
-          + (f"{tps / one_path:.2f}x | " if one_path else "")
+          + "".join(f"{tps / b:.2f}x | " for _, b in baselines)
           + f"{train_wall_s(stats):.1f} | "
           f"{wait_share(stats):.0%} | "
           + (", ".join(f"{k} {v:.2f}" for k, v in phases.items()) or "-")

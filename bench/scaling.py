@@ -46,12 +46,7 @@ def child(args):
   c.train.num_steps = args.steps
   c.train.log_every = args.log_every
   c.ckpt.every = 0
-  for key, value in (kv.split("=", 1) for kv in args.set if kv):
-    section, field = key.split(".")
-    kind = type(c[section][field])
-    # bool("False") is True: booleans are spelled out.
-    c[section][field] = (value.lower() in ("1", "true") if kind is bool
-                         else kind(value))
+  eval_throughput.apply_overrides(c, args.set)
   runtime = testing.tiny_runtime(c, vocab_size=c.data.vocab_size)
   w, b, l = runtime.global_batch_shape
   batches = testing.RandomBatches(w, b, l - 1, c.data.vocab_size)

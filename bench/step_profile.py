@@ -4,6 +4,8 @@ r"""Where the inner step's device time goes: a traced step, grouped by kind.
       --out=/tmp/step_profile.json            # the path shape, one path
   python bench/step_profile.py --loss_chunk=256 --fp8 ...    # with options
   python bench/step_profile.py --config=experiments/dense.py ...  # as is
+  python bench/step_profile.py --config=experiments/dense.py \
+      --set=paths.shape=1 ...   # one slot of 8 layers instead of two of 4
   python bench/step_profile.py --layers=2 --d_model=128 --heads=2 \
       --mlp=256 --vocab=512 --seq=64 --batch=4 --trace_dir=/tmp/t  # CPU
 
@@ -48,7 +50,8 @@ def _build(args):
   if args.config:
     # An experiment config as it is (its mesh chosen over every visible
     # device): e.g. the dense config data parallel on 2 GPUs.
-    config = eval_throughput.load_config(args.config)
+    config = eval_throughput.apply_overrides(
+        eval_throughput.load_config(args.config), args.set)
     args.vocab, args.seq = config.data.vocab_size, config.data.seq_len
   else:
     config = step_throughput.make_config(args, args.paths)
@@ -83,6 +86,8 @@ def main():
   p.add_argument("--paths", type=int, default=1, help="P workers vmapped")
   p.add_argument("--config", default="",
                  help="an experiment config instead of the shape flags")
+  p.add_argument("--set", action="append", default=[],
+                 help="with --config: section.field=value, repeatable")
   step_throughput.add_shape_flags(p)
   p.add_argument("--steps", type=int, default=5, help="steps traced")
   p.add_argument("--warmup", type=int, default=3)
