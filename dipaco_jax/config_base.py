@@ -205,6 +205,12 @@ def base_config() -> ml_collections.ConfigDict:
   # (island workers: the store's logs/profile/worker_ID); "" = off
   # (train/profiling.py). Changes timing, never a number.
   c.train.profile_steps = ""
+  # With profile_steps: also trace the host's Python calls (their stacks
+  # name what the host did in a device gap, bench/trace_gaps.py). Tracing
+  # every call adds host time to each while it is on, so the gaps it
+  # shows may be longer than untraced; False keeps only XLA's own host
+  # events (dispatch, argument parsing, transfers).
+  c.train.profile_python = True
 
   # --- Checkpoints --------------------------------------------------------
   c.ckpt = ml_collections.ConfigDict()

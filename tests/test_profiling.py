@@ -92,3 +92,35 @@ def test_a_run_writes_its_trace_and_the_same_numbers(tmp_path):
   before = run_configs.training_hash(config)
   config.train.profile_steps = "3:2"
   assert run_configs.training_hash(config) == before
+
+
+def _python_frames(trace_dir) -> int:
+  """Events of the host's Python calls ('$file.py:line name') in a trace."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  (path,) = trace_dir.rglob("perfetto_trace.json.gz")
+  with gzip.open(path, "rt") as f:
+    events = json.load(f)
+  events = events.get("traceEvents", events)
+  return sum(str(e.get("name", "")).startswith("$") for e in events)
+
+
+def test_profile_python_false_leaves_the_hosts_python_calls_out(tmp_path):
+  """`train.profile_python`: traced Python calls slow the host, so a user
+  timing host gaps turns them off; XLA's own events stay."""
+  frames = {}
+  for python in (True, False):
+    with profiling.StepTracer("1:1", tmp_path / str(python),
+                              python) as tracer:
+      tracer.before(0, 1)
+      out = jax.jit(lambda x: x * 2)(np.arange(4.0))
+      np.asarray(out).sum()  # Some Python for the tracer to see.
+      tracer.after(0, 1, out)
+    frames[python] = _python_frames(tmp_path / str(python))
+  assert frames[True] > 0
+  assert frames[False] == 0
+  # Not a training setting either.
+  config = testing.tiny_config()
+  before = run_configs.training_hash(config)
+  config.train.profile_python = False
+  assert run_configs.training_hash(config) == before

@@ -88,7 +88,7 @@ class TaskRunner:
     # (the serving loop closes it); no trace without a folder.
     self.tracer = profiling.StepTracer(
         self.config.train.get("profile_steps", "") if trace_dir else "",
-        trace_dir or "")
+        trace_dir or "", self.config.train.get("profile_python", True))
     self.topology = spec.topology()
     self.slot_names = tuple(s.name for s in self.topology.slots)
     self.stages = units_lib.num_stages(self.config)

@@ -29,7 +29,8 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
     keep.pop(section, None)
   keep["train"] = {k: v for k, v in keep["train"].items()
                    if k not in ("log_every", "eval_batch_size",
-                                "metrics_lag", "profile_steps")}
+                                "metrics_lag", "profile_steps",
+                                "profile_python")}
   # Enters only when set (a scan of K steps may round differently), so
   # runs from before it keep their hash.
   if keep["train"].get("steps_per_dispatch") == 1:

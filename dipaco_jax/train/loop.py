@@ -171,7 +171,8 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   try:
     with prefetch.Prefetcher(device_batch, 0, len(dispatches),
                              c.data.prefetch) as batch_iter, \
-        profiling.StepTracer(c.train.profile_steps, trace_dir) as tracer:
+        profiling.StepTracer(c.train.profile_steps, trace_dir,
+                             c.train.profile_python) as tracer:
       for _, (step, n, batch) in batch_iter:
         tracer.before(step, n)
         if n == 1:

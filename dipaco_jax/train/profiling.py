@@ -11,6 +11,9 @@ sorts its device ops given the step's HLO). A dispatch of
 before START and end after the range. The SPMD loop (`train/loop.py`) and
 each island worker (`islands/worker.py`, whose round r runs steps
 r x H + 1 .. (r + 1) x H) use it; tracing changes timing, never a number.
+`train.profile_python = False` leaves the host's Python calls out of the
+trace: their tracing slows the host, so gaps that the host causes look
+longer with it.
 """
 
 from etils import epath
@@ -46,9 +49,13 @@ class StepTracer:
   process. Use as a context manager: an interrupted loop still closes the
   trace."""
 
-  def __init__(self, profile_steps: str, trace_dir):
+  def __init__(self, profile_steps: str, trace_dir, python: bool = True):
     self.window = parse_window(profile_steps)
     self.trace_dir = epath.Path(trace_dir)
+    # `train.profile_python`: the host's Python calls traced too (level 1)
+    # or only XLA's and the runtime's own host events (level 0).
+    self.options = jax.profiler.ProfileOptions()
+    self.options.python_tracer_level = int(python)
     self.active = False
     self.finished = False
 
@@ -68,7 +75,8 @@ class StepTracer:
     if done + 1 < stop and done + n >= first:
       self.trace_dir.mkdir(parents=True, exist_ok=True)
       jax.profiler.start_trace(str(self.trace_dir),
-                               create_perfetto_trace=True)
+                               create_perfetto_trace=True,
+                               profiler_options=self.options)
       self.active = True
 
   def after(self, done: int, n: int, state) -> None:
