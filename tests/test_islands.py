@@ -142,9 +142,11 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
   assert list((tmp_path / "trace").rglob("*.xplane.pb"))
 
 
-@pytest.mark.parametrize("delay", ["none", "one_round"])
+@pytest.mark.parametrize("delay", ["none", "one_round", "overlap"])
 def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay):
-  # DiLoCoX on islands (islands/delayed.py for one_round) and compression
+  # DiLoCoX on islands (islands/delayed.py for one_round, and overlap at
+  # tau = 1 of H = 2: version 1 applied after round 1's first step) and
+  # compression
   # for real (islands/wire.py): workers write int4 payloads
   # with error feedback (the residual travels with the AdamW state), the
   # shared slot low rank (its warm start carried too), and the executors
@@ -152,7 +154,8 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay):
   # round's inner state read back from the store.
   settings = dict(delay=delay, compression="int4", error_feedback=True,
                   compression_block_size=64,
-                  per_slot="shared=compression:lowrank+rank_max:2")
+                  per_slot="shared=compression:lowrank+rank_max:2",
+                  overlap_steps=1 if delay == "overlap" else 0)
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
   spmd = jax.device_get(exp.train().state["outer"]["params"])
   run = tmp_path / "islands"
@@ -160,6 +163,12 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay):
   # another mesh a 1e-7 difference can flip an int4 code: one step).
   bank = _islands_in_process(exp, run, 4, forget=True)
   assert _max_abs_diff(spmd, bank) < 1e-6, _max_abs_diff(spmd, bank)
+  if delay == "overlap":
+    # Kept between tasks: round 1's first tau steps trained beside round
+    # 0's uploads (`delayed.train(..., partial=True)`), finished once the
+    # task is handed over; the same numbers.
+    kept = _islands_in_process(exp, tmp_path / "kept", 4)
+    assert _max_abs_diff(spmd, kept) < 1e-6, _max_abs_diff(spmd, kept)
   # What went on the wire: the payloads' bytes (commit markers), against
   # float32 contributions (4 workers x one module per slot x 2 rounds).
   sent = sum(atomic.read_commit(d)["bytes"] for d in
@@ -168,11 +177,14 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay):
   assert 0 < sent < 4 * floats / 5, (sent, 4 * floats)
 
 
-def test_a_delayed_tasks_phases_add_up_to_its_time(tmp_path, monkeypatch):
+@pytest.mark.parametrize("delay", ["one_round", "overlap"])
+def test_a_delayed_tasks_phases_add_up_to_its_time(tmp_path, monkeypatch,
+                                                  delay):
   # The launcher's steady-state clock starts at the first task's start
   # plus its `compute` (launcher._after_round0), so round 0's `compute`
   # must hold the building of the worker's program too.
-  exp = _experiment(tmp_path / "spmd", num_steps=4, delay="one_round")
+  exp = _experiment(tmp_path / "spmd", num_steps=4, delay=delay,
+                    overlap_steps=1 if delay == "overlap" else 0)
   seen = []
   run_task = worker_lib.TaskRunner.run_task
 

@@ -88,8 +88,9 @@ class KillAfterRound(Chaos):
 
 def _train(tmp_path, name, chaos_plan=(), num_steps=16, stages=1,
            chaos=None, delay="none", **options):
-  exp = test_islands._experiment(tmp_path / name, num_steps=num_steps,
-                                 stages=stages, delay=delay)
+  exp = test_islands._experiment(
+      tmp_path / name, num_steps=num_steps, stages=stages, delay=delay,
+      overlap_steps=1 if delay == "overlap" else 0)
   # Two executors for the five modules (dealt round robin, so each steps
   # several): three processes fewer to start (and to import JAX) per run.
   options = launcher.IslandOptions(**{
@@ -158,7 +159,8 @@ def test_pipelined_units_survive_kills(tmp_path):
 
 
 @pytest.mark.parametrize("delay,kill_after", [("none", 1),
-                                               ("one_round", 2)])
+                                               ("one_round", 2),
+                                               ("overlap", 2)])
 def test_a_killed_worker_replays_with_inner_state_every(tmp_path, delay,
                                                         kill_after):
   # AdamW states (one round late, islands/delayed.py: with the anchors)

@@ -196,15 +196,18 @@ def test_a_replay_advances_the_codec_carry(tmp_path):
   _assert_same_bits(*banks)
 
 
-def test_delayed_tasks_replay_and_end_with_the_same_bits(tmp_path):
-  # One round late (islands/delayed.py): the anchor is part of the state a
-  # replay rebuilds, from each replayed round's version. K = 1 with each
+@pytest.mark.parametrize("delay", ["one_round", "overlap"])
+def test_delayed_tasks_replay_and_end_with_the_same_bits(tmp_path, delay):
+  # One round late or overlapped (islands/delayed.py): the anchor is part
+  # of the state a replay rebuilds, from each replayed round's version
+  # (overlap: read after tau steps of the replayed round). K = 1 with each
   # group on its own runner (nothing replayed) against K = 2 with the
   # groups alternating between two runners (rounds 1 and 3 replayed).
   banks, stores = [], []
   for every in (1, 2):
-    exp = test_islands._experiment(tmp_path / f"k{every}", num_steps=4 * H,
-                                   delay="one_round")
+    exp = test_islands._experiment(
+        tmp_path / f"k{every}", num_steps=4 * H, delay=delay,
+        overlap_steps=1 if delay == "overlap" else 0)
     run = tmp_path / f"k{every}" / "islands"
     spec = _setup(exp, run, every)
     lines = []

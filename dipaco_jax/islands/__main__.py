@@ -54,7 +54,7 @@ _INNER_STATE_EVERY = flags.DEFINE_integer(
     "carries) every K rounds, not every round: fewer bytes "
     "written; a task that moves to another worker, or a restarted one, "
     "replays up to K - 1 rounds, and the store keeps up to K module "
-    "versions (with config.diloco.delay=one_round the anchor is part of "
+    "versions (with a delay, one_round or overlap, the anchor is part of "
     "the state and is committed with it).", lower_bound=1)
 _LEASE_TIMEOUT = flags.DEFINE_float(
     "lease_timeout_s", 20.0, "A worker whose heartbeat is this old loses "

@@ -1,4 +1,4 @@
-"""A worker's task with DiLoCoX's one-round-late outer step (`one_round`).
+"""A worker's task with a delayed outer step: `one_round` and `overlap`.
 
 The rule is `diloco/comm_step.py`'s, cut where the store is: a worker
 trains round r from its own anchor a^r (where its round started; the
@@ -15,6 +15,22 @@ background. The executors are unchanged (version r + 1 from round r's
 contributions), so the final version is what the SPMD runtime's flush
 ends on.
 
+`overlap` (Streaming DiLoCo's, `diloco.overlap_steps` = tau; the rule of
+`diloco/overlap_step.py`): round r (r >= 1) starts from the worker's own
+parameters x^{r-1} where round r - 1 ended; after tau steps it reads
+version r (made from round r - 1's contributions) and moves by it,
+
+  x <- x + (v_r[e(w)] - x^{r-1}),
+
+then trains the round's other H - tau steps, and sends c^r = v_r - x^r
+(the version is the round's anchor). Round 0 starts from version 0, as
+with one_round. What a worker keeps between rounds (`inner_like`'s
+"anchor") is then where its next round starts, x^r. The first tau steps
+of round r + 1 need no version: they are what a worker trains while round
+r's uploads run (below); the version is read, and waited for, only when
+the coordinator hands it that task, so a worker never blocks inside a
+round it may not be given.
+
 Overlap: while the uploads of round r run, the worker already trains
 round r + 1 of the same group (a pure function of what it holds, so the
 result is the same whoever runs that task; it is used if the coordinator
@@ -28,6 +44,7 @@ devices; the upload threads copy what they send to the host themselves.
 """
 
 import dataclasses
+import functools
 import threading
 import time
 
@@ -56,8 +73,21 @@ class Trained:
   opt_state: dict  # AdamW, on device
   carry: dict  # What the codecs carry into this round (islands/wire.py).
   outer: dict  # The inner step's pass-through bank, reused next round.
-  loss_G: np.ndarray
+  losses_HxG: np.ndarray  # [steps run, G]
   seconds: float
+  # `overlap`: the first tau steps only, before version r is applied
+  # (`anchor` is then where the round started); `finish` trains the rest.
+  partial: bool = False
+  wait_version_s: float = 0.0  # `overlap`: waiting for version r mid-round.
+
+
+def overlap_steps(runner, round_index: int) -> int:
+  """tau for a round under `overlap` (none at round 0: it starts from
+  version 0 itself), else 0."""
+  diloco = runner.config.diloco
+  if diloco.delay != "overlap" or round_index == 0:
+    return 0
+  return int(diloco.overlap_steps)
 
 
 def inner_like(runner, program) -> dict:
@@ -174,15 +204,21 @@ def _replay(runner, task, program):
   past = dataclasses.replace(task, round_index=c)
   start = (_fresh(runner, past, program) if c == 0
            else _committed(runner, past, program))
+  overlap = runner.config.diloco.delay == "overlap"
   for j in range(c, r):
     past = dataclasses.replace(task, round_index=j)
-    done = train(runner, past, program, start=start)
+    # Read here, not through `_version`: that would cancel the prefetch of
+    # the task being run.
+    read = functools.partial(_read_version, runner, past, program)
+    done = train(runner, past, program, start=start, partial=overlap)
+    if done.partial:
+      done = finish(runner, past, program, done, read_version=read)
     _, carry = runner.wire.encode_units(
         _contributions(done.anchor, done.params), done.carry,
         runner.num_units)
-    version = _read_version(runner, past, program)
-    start = (_next_anchor(done.params, version, done.anchor),
-             done.opt_state, carry)
+    next_start = (done.params if overlap else
+                  _next_anchor(done.params, read(), done.anchor))
+    start = (next_start, done.opt_state, carry)
   runner.replayed_rounds += r - c
   runner.log(f"round {r} workers {list(task.group)}: start state replayed "
              f"from round {c}: {r - c} round(s) run again, nothing written, "
@@ -213,11 +249,13 @@ def _next_anchor(params, start, anchor):
 
 
 def train(runner, task, program, outer=None, after_first_dispatch=None,
-          start=None) -> Trained:
+          start=None, partial=False) -> Trained:
   """H inner steps of the group from its anchor (nothing written). `outer`
   is a pass-through bank of the right shapes (None: made here);
   `after_first_dispatch()` runs once the device has steps queued; `start`
-  is (anchor, AdamW state, codec carry), None: `_start`'s."""
+  is (anchor, AdamW state, codec carry), None: `_start`'s. Under
+  `overlap`, version r is applied after tau steps (`finish`); with
+  `partial` only those tau steps run."""
   t0 = time.monotonic()
   r, h = task.round_index, runner.spec.inner_steps
   runtime = program.runtime
@@ -236,11 +274,43 @@ def train(runner, task, program, outer=None, after_first_dispatch=None,
       "outer": _copy(outer),
   }
   state = jax.device_put(state, runtime.state_shardings)
+  tau = overlap_steps(runner, r)
   state, losses_HxG = runner.inner_steps(task, runtime, state,
-                                         after_first_dispatch)
-  return Trained(r, task.group, anchor, state["inner"]["params"],
+                                         after_first_dispatch,
+                                         steps=tau or h)
+  done = Trained(r, task.group, anchor, state["inner"]["params"],
                  state["inner"]["opt_state"], carry, state["outer"],
-                 losses_HxG.mean(axis=0), time.monotonic() - t0)
+                 losses_HxG, time.monotonic() - t0, partial=bool(tau))
+  if tau and not partial:
+    return finish(runner, task, program, done)
+  return done
+
+
+def finish(runner, task, program, head: Trained,
+           read_version=None) -> Trained:
+  """`overlap`: the round after its first tau steps (`head`). Applies
+  version r, x <- x + (v_r - x^{r-1}), then trains the other H - tau
+  steps; the version is the round's anchor. `read_version()` gives it
+  ([G, ...]; default: prefetched or read now, `_version`)."""
+  t0 = time.monotonic()
+  r, h = task.round_index, runner.spec.inner_steps
+  tau = overlap_steps(runner, r)
+  version = (_version(runner, task, program, None) if read_version is None
+             else read_version())
+  waited = time.monotonic() - t0
+  runtime = program.runtime
+  state = jax.device_put({
+      "step": np.int32(r * h + tau),
+      "inner": {"params": _next_anchor(head.params, version, head.anchor),
+                "opt_state": head.opt_state},
+      "outer": head.outer}, runtime.state_shardings)
+  state, losses_HxG = runner.inner_steps(task, runtime, state,
+                                         first=r * h + tau, steps=h - tau)
+  losses_HxG = np.concatenate([head.losses_HxG, losses_HxG])
+  return Trained(r, task.group, version, state["inner"]["params"],
+                 state["inner"]["opt_state"], head.carry, state["outer"],
+                 losses_HxG, head.seconds + time.monotonic() - t0,
+                 wait_version_s=waited)
 
 
 def _write_contributions(runner, task, payloads, loss_G) -> None:
@@ -267,17 +337,25 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
   runner.speculated = None
   if done is None or (done.round_index, done.group) != (r, task.group):
     done = train(runner, task, program)
+  elif done.partial:  # `overlap`: tau steps trained while r - 1 uploaded.
+    done = finish(runner, task, program, done)
   t_compute = time.monotonic()
+  loss_G = done.losses_HxG.mean(axis=0)
   # Compressed slots: their payloads, and what their codecs carry on.
   payloads, carry = runner.wire.encode_units(
       _contributions(done.anchor, done.params), done.carry,
       runner.num_units)
-  t_version = time.monotonic()
-  start = _version(runner, task, program, done.anchor)
-  t_version = time.monotonic() - t_version
-  next_anchor = _next_anchor(done.params, start, done.anchor)
+  if runner.config.diloco.delay == "overlap":
+    # Version r was applied inside the round; the next starts where this
+    # one ended.
+    t_version, next_anchor = done.wait_version_s, done.params
+  else:
+    t_version = time.monotonic()
+    start = _version(runner, task, program, done.anchor)
+    t_version = time.monotonic() - t_version
+    next_anchor = _next_anchor(done.params, start, done.anchor)
   uploads = [background.Background(_write_contributions, runner, task,
-                                   payloads, done.loss_G)]
+                                   payloads, loss_G)]
   # Every K rounds (`RunSpec.commits_inner`; never at the last round).
   if runner.spec.commits_inner(r):
     inner = {"opt": _copy(done.opt_state), "anchor": next_anchor}
@@ -298,8 +376,10 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
   if r + 1 < runner.spec.num_rounds:
     following = type(task)(r + 1, task.group)
     runner.prefetch = _Prefetch(runner, following, program)
+    # Under `overlap` only the tau steps before version r + 1 is needed.
     runner.speculated = train(runner, following, program, done.outer,
-                              after_first_dispatch=start_uploads)
+                              after_first_dispatch=start_uploads,
+                              partial=True)
   else:
     start_uploads()
   t_next = time.monotonic()
@@ -309,6 +389,7 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
   phases = {"compute": t_compute - t0, "wait": t_wait - t_compute,
             "next_round": t_next - t_wait,
             "upload_tail": time.monotonic() - t_next,
-            # Part of `wait`, for the record (not drawn).
+            # Part of `wait` (one_round) or of `compute` (overlap: the
+            # read inside the round), for the record (not drawn).
             "wait_version": t_version}
-  return {w: float(l) for w, l in zip(task.group, done.loss_G)}, phases
+  return {w: float(l) for w, l in zip(task.group, loss_G)}, phases

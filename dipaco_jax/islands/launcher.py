@@ -216,10 +216,10 @@ def check_config(config, options: IslandOptions | None = None) -> None:
   """What islands cannot run yet, refused before any stage runs."""
   slots = paths_lib.topology_from_config(config).slots
   delays = {c.delay for c in comm_lib.comm_by_slot(config, slots).values()}
-  if delays & {"eager", "lookahead", "overlap"} or len(delays) > 1:
+  if delays & {"eager", "lookahead"} or len(delays) > 1:
     raise UserError(
         "config.diloco.delay/per_slot: islands apply one delay to every "
-        "slot, none or one_round; eager, lookahead, overlap and per-slot "
+        "slot, none, one_round or overlap; eager, lookahead and per-slot "
         "delays are simulated by dipaco_jax.main only.")
   units_lib.check_codecs(config)
   replay.check_options(options and options.inner_state_every)

@@ -104,7 +104,7 @@ class TaskRunner:
     self.replayed_rounds = 0  # Rounds re-run to rebuild a start state.
     self.speculated = None  # A delayed group's next round, trained ahead.
     self.prefetch = None  # delayed._Prefetch: its next module version.
-    self.delayed = self.config.diloco.delay == "one_round"
+    self.delayed = self.config.diloco.delay in ("one_round", "overlap")
     self.wire = wire_lib.Wire(self.config, self.topology.slots)
     self._batches: dict[tuple[int, ...], batches_lib.StackedBatches] = {}
 
@@ -228,15 +228,17 @@ class TaskRunner:
     return {w: float(l) for w, l in zip(task.group, loss_G)}
 
   def inner_steps(self, task: Task, runtime, state,
-                  after_first_dispatch=None):
-    """The round's H inner steps, `train.steps_per_dispatch` per call, the
-    batches built and placed by a prefetch thread (as the SPMD loop);
+                  after_first_dispatch=None, first=None, steps=None):
+    """The round's H inner steps (or `steps` from step `first`: a part of
+    it, `delay=overlap`), `train.steps_per_dispatch` per call, the batches
+    built and placed by a prefetch thread (as the SPMD loop);
     `after_first_dispatch()` is called once the first call is queued."""
     h, c = self.spec.inner_steps, runtime.config
     batches = self.batches(task.group)
-    first = task.round_index * h
-    dispatches = dispatch.plan(first, first + h, c.train.steps_per_dispatch,
-                               lambda done: False)
+    first = task.round_index * h if first is None else first
+    steps = h if steps is None else steps
+    dispatches = dispatch.plan(first, first + steps,
+                               c.train.steps_per_dispatch, lambda done: False)
 
     def device_batch(i):
       step, n = dispatches[i]
