@@ -21,7 +21,8 @@
 # dipaco4: experiments/dipaco_2x2.py, 4 workers holding one path each,
 #   against the SPMD run of the same config on one GPU (its 4 paths
 #   vmapped, and its dense baseline: one path's model alone).
-# ARMS words are DELAY:H, DELAY:H:K or DELAY:H:K:E, K: kill -9 worker w1
+# ARMS words are DELAY:H, DELAY:H:K or DELAY:H:K:E (DELAY none, one_round,
+# or overlap/TAU: delay=overlap, overlap_steps=TAU), K: kill -9 worker w1
 # K seconds after the first heartbeat (the launcher restarts it; compare
 # the wall time with the same arm without K); E: --inner_state_every=E
 # (the AdamW states committed every E rounds; none:1000::4 without a kill).
@@ -141,7 +142,9 @@ case $part in
     # it; E: --inner_state_every=E, e.g. none:1000::4 without a kill).
     for arm in ${ARMS:-none:100}; do
       IFS=: read -r delay h kill every <<< "$arm"
-      tag=${delay}_h$h${kill:+_kill$kill}${every:+_every$every}
+      # DELAY overlap/TAU: delay=overlap with overlap_steps=TAU.
+      IFS=/ read -r delay tau <<< "$delay"
+      tag=${delay}${tau:+_tau$tau}_h$h${kill:+_kill$kill}${every:+_every$every}
       # An arm named twice runs twice (is the calm run reproducible?).
       rep=1; base_tag=$tag
       while [[ -e "$out/${name}_islands${n}_${tag}_stats.json" ]]; do
@@ -151,6 +154,7 @@ case $part in
       CUDA_VISIBLE_DEVICES=$gpus python3 -m dipaco_jax.islands --config=$cfg \
         --workdir=$b "${corpus[@]}" "${steps[@]}" "${shape[@]}" \
         --config.diloco.inner_steps=$h --config.diloco.delay=$delay \
+        ${tau:+--config.diloco.overlap_steps=$tau} \
         ${every:+--inner_state_every=$every} \
         --num_workers=$n --gpus_per_worker_machine=$n >> "$log" 2>&1 &
       job=$!

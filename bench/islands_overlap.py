@@ -12,7 +12,10 @@ from the bytes each role moved (control/bytes): without delay, a round is
 compute + its contribution and state up + the executor's reads and writes +
 the module read back; one round late, only the module read back stays on it
 (its uploads and the outer step run while the next round trains), unless the
-transfers take longer than the compute. The int4 arms send int4 +
+transfers take longer than the compute. With `overlap` they have the
+next round's first tau of H steps (a share f = tau / H of its compute):
+a round is compute + module read, or (1 - f) compute + the transfers where
+those take longer. The int4 arms send int4 +
 error-feedback payloads (islands/wire.py): their bytes are what the
 roles measured, so the same prediction holds.
 """
@@ -22,7 +25,7 @@ import json
 from pathlib import Path
 
 ARMS = ("plain_fast", "plain_link", "late_link", "int4_link",
-        "late_int4_link")
+        "late_int4_link", "overlap_link")
 
 
 def _load(path: Path):
@@ -49,9 +52,11 @@ def measured(work: Path, arm: str) -> dict | None:
           "read": read}
 
 
-def predict(fast: dict, arm: dict, delayed: bool, mbps: float,
+def predict(fast: dict, arm: dict, hidden: float, mbps: float,
             latency_ms: float) -> float:
-  """The worker's critical path per round on the emulated link."""
+  """The worker's critical path per round on the emulated link; `hidden`:
+  the share of a round's compute the transfers run beside (0: no delay,
+  1: one_round, tau / H: overlap)."""
   rate, lat = mbps * 1e6 / 8, latency_ms / 1e3
   compute = fast["round_s"]
   rounds, workers = arm["rounds"], 2
@@ -61,9 +66,9 @@ def predict(fast: dict, arm: dict, delayed: bool, mbps: float,
   down = per_task("worker", "read") / rate + lat
   executor = (per_task("executor", "read") + per_task("executor", "written")
               ) / rate + 4 * lat
-  if not delayed:
+  if not hidden:
     return compute + up + executor + down
-  return max(compute + down, up + executor + down)
+  return max(compute + down, (1 - hidden) * compute + up + executor + down)
 
 
 def main():
@@ -72,6 +77,9 @@ def main():
   parser.add_argument("--link_mbps", type=float, required=True)
   parser.add_argument("--latency_ms", type=float, required=True)
   parser.add_argument("--out", type=Path)
+  parser.add_argument("--tau", type=int, default=10,
+                      help="the overlap arm's overlap_steps")
+  parser.add_argument("--inner_steps", type=int, default=50, help="H")
   args = parser.parse_args()
   # The int4 arms run only with INT4=1 (bench/islands_overlap.sh).
   runs = {a: measured(args.work, a) for a in ARMS
@@ -87,8 +95,11 @@ def main():
       continue
     link = "none" if arm == "plain_fast" else (
         f"{args.link_mbps:g} Mbit/s, {args.latency_ms:g} ms")
+    hidden = (1.0 if arm.startswith("late") else
+              args.tau / args.inner_steps if arm.startswith("overlap")
+              else 0.0)
     pred = ("" if arm == "plain_fast" else
-            f"{predict(fast, run, arm.startswith('late'), args.link_mbps, args.latency_ms):.2f}")
+            f"{predict(fast, run, hidden, args.link_mbps, args.latency_ms):.2f}")
     phases = ", ".join(f"{k} {v:.2f}" for k, v in (run["phases"] or {}
                                                     ).items())
     added = run["round_s"] - fast["round_s"]

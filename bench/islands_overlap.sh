@@ -9,9 +9,13 @@
 # with error feedback (islands/wire.py):
 #   int4_link       delay none
 #   late_int4_link  delay one_round
+# and with OVERLAP=1 one more on the same link, Streaming DiLoCo's overlap
+# (islands/delayed.py): version r applied TAU inner steps into round r + 1:
+#   overlap_link    delay overlap, tau = TAU (default 10 of H = 50)
 # then prints the table of bench/islands_overlap.py (round time against
 # compute and transfer) and leaves the timelines in WORK/ARM/plots/.
 # Usage: [LINK_MBPS=100] [LATENCY_MS=50] [STEPS=300] [H=50] [INT4=1] \
+#        [OVERLAP=1] [TAU=10] \
 #        bash bench/islands_overlap.sh [WORK_DIR] [TABLE.md]
 # ~10 minutes on a 2-core CPU (three runs of ~3 minutes; 5 with INT4=1).
 set -euo pipefail
@@ -46,6 +50,7 @@ arm plain_fast
 int4=(--config.diloco.compression=int4 --config.diloco.error_feedback=True)
 linked=(plain_link late_link)
 [[ -n "${INT4:-}" ]] && linked+=(int4_link late_int4_link)
+[[ -n "${OVERLAP:-}" ]] && linked+=(overlap_link)
 for d in data runs/base shards; do
   for a in "${linked[@]}"; do
     mkdir -p "$work/$a/$(dirname $d)"; cp -r "$work/plain_fast/$d" "$work/$a/$d"
@@ -59,5 +64,10 @@ if [[ -n "${INT4:-}" ]]; then
   arm late_int4_link --link_mbps="$mbps" --link_latency_ms="$lat" \
     --config.diloco.delay=one_round "${int4[@]}"
 fi
+if [[ -n "${OVERLAP:-}" ]]; then
+  arm overlap_link --link_mbps="$mbps" --link_latency_ms="$lat" \
+    --config.diloco.delay=overlap --config.diloco.overlap_steps=${TAU:-10}
+fi
 python3 bench/islands_overlap.py "$work" --link_mbps="$mbps" \
-  --latency_ms="$lat" ${table:+--out "$table"}
+  --latency_ms="$lat" --tau=${TAU:-10} --inner_steps=${H:-50} \
+  ${table:+--out "$table"}
