@@ -19,6 +19,10 @@ steps in all, R = ceil(S / H) rounds, E = exchange time of one round):
   DiLoCo, delay=one_round (DiLoCoX) or eager: the exchange of round r runs
     while round r+1 computes, so round = max(H t, E) after the first;
     wall = S t + (R-1) max(0, E - H t) + E (the last exchange is drained).
+  DiLoCo, delay=overlap (Streaming DiLoCo, --overlap_steps=tau): the
+    exchange has the next round's first tau steps: round = H t + max(0,
+    E - tau t); wall = S t + (R-1) max(0, E - tau t) + E (tau = H is
+    one_round).
 
 Exchange of one round, payload P = bytes one worker's compressed
 pseudo-gradient takes:
@@ -50,7 +54,7 @@ FLOAT32_BYTES = 4.0
 BF16_BYTES = 2.0
 SCALE_BYTES_PER_BLOCK = 4.0 / 256  # One float32 scale per 256 values.
 TOPK_BYTES_PER_ENTRY = 4.0 + 0.25  # int32 index + 2-bit value.
-DELAYS = ("none", "one_round", "eager")
+DELAYS = ("none", "one_round", "eager", "overlap")
 TOPOLOGIES = ("allreduce", "store")
 SUMMABLE_COMPRESSORS = ("none",)
 PAPER_SPEEDUP = 357.0  # DiLoCoX abstract (arXiv 2506.21263).
@@ -161,38 +165,53 @@ def exchange_s(params: float, bytes_per_round: float, workers: int,
   return collective(bytes_per_round, workers, bandwidth_bytes_s, latency_s)
 
 
+def hidden_steps(H: int, delay: str, tau: int = 0) -> int:
+  """Inner steps of the next round an exchange runs beside."""
+  if delay == "none":
+    return 0
+  if delay in ("one_round", "eager"):
+    return H
+  if delay == "overlap":
+    if not 1 <= tau <= H:
+      raise ValueError(f"overlap needs 1 <= tau <= H={H}: tau={tau}")
+    return tau
+  raise ValueError(f"delay must be one of {DELAYS}: {delay!r}")
+
+
 def round_s_from_exchange(step_time_s: float, H: int, exchange: float,
-                          delay: str) -> float:
-  """Steady-state round: exchange after compute, or hidden under it."""
+                          delay: str, tau: int = 0) -> float:
+  """Steady-state round: exchange after compute, or hidden under (part
+  of) the next round's."""
   compute = H * step_time_s
   if delay == "none":
     return compute + exchange
-  if delay in ("one_round", "eager"):
-    return max(compute, exchange)
-  raise ValueError(f"delay must be one of {DELAYS}: {delay!r}")
+  return compute + max(0.0, exchange -
+                       hidden_steps(H, delay, tau) * step_time_s)
 
 
 def predict_round_s(params: float, step_time_s: float, H: int, workers: int,
                     bytes_per_round: float, bandwidth_bytes_s: float,
                     latency_s: float, delay: str, topology: str,
                     summable: bool | None = None,
-                    download_bytes: float | None = None) -> float:
+                    download_bytes: float | None = None,
+                    tau: int = 0) -> float:
   """Predicted steady-state wall time of one DiLoCo round (H inner steps
   and one exchange of `bytes_per_round` per worker)."""
   exchange = exchange_s(params, bytes_per_round, workers, bandwidth_bytes_s,
                         latency_s, topology, summable, download_bytes)
-  return round_s_from_exchange(step_time_s, H, exchange, delay)
+  return round_s_from_exchange(step_time_s, H, exchange, delay, tau)
 
 
 def comm_wait_s(steps: int, step_time_s: float, H: int, exchange: float,
-                delay: str) -> float:
+                delay: str, tau: int = 0) -> float:
   """Seconds of the whole run in which compute waits on the network."""
   rounds = math.ceil(steps / H)
   if delay == "none":
     return rounds * exchange
   # The first round's compute has nothing to hide behind it, the last
   # exchange has no next round to hide under.
-  return (rounds - 1) * max(0.0, exchange - H * step_time_s) + exchange
+  hidden = hidden_steps(H, delay, tau) * step_time_s
+  return (rounds - 1) * max(0.0, exchange - hidden) + exchange
 
 
 def allreduce_step_s(params: float, step_time_s: float, workers: int,
@@ -219,6 +238,7 @@ class Setting:
   topology: str = "allreduce"
   grad_bytes_per_param: float = FLOAT32_BYTES
   store_download_compressed: bool = False
+  overlap_steps: int = 0  # tau of the overlap arms; 0: none printed.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,18 +292,21 @@ def diloco_arm(s: Setting, compressor: str, payload: float,
   download = payload if s.store_download_compressed else None
   exchange = exchange_s(s.params, payload, s.workers, s.bandwidth_bytes_s,
                         s.latency_s, s.topology, summable, download)
-  wait = comm_wait_s(s.steps, s.step_time_s, s.H, exchange, delay)
-  label = "one_round/eager" if delay != "none" else "sync"
+  tau = s.overlap_steps
+  wait = comm_wait_s(s.steps, s.step_time_s, s.H, exchange, delay, tau)
+  label = {"none": "sync", "overlap": f"overlap tau={tau}"}.get(
+      delay, "one_round/eager")
   return Arm(f"DiLoCo {label} [{compressor}]",
              diloco_bytes_sent(s, payload, summable),
-             round_s_from_exchange(s.step_time_s, s.H, exchange, delay),
+             round_s_from_exchange(s.step_time_s, s.H, exchange, delay, tau),
              s.steps * s.step_time_s + wait, wait)
 
 
 def all_arms(s: Setting, payloads: dict[str, float]) -> list[Arm]:
   """The AllReduce baseline, then sync and delayed DiLoCo per compressor."""
   arms = [allreduce_arm(s)]
-  for delay in ("none", "one_round"):  # eager times as one_round.
+  delays = ("none", "one_round") + (("overlap",) if s.overlap_steps else ())
+  for delay in delays:  # eager times as one_round.
     arms += [diloco_arm(s, name, payload, delay)
              for name, payload in payloads.items()]
   return arms
@@ -320,6 +343,9 @@ def model_notes(s: Setting) -> list[str]:
       "DiLoCo sync: round = H*t + E. one_round/eager: round = max(H*t, E) "
       "after the first; the last exchange is drained at the end.",
   ]
+  if s.overlap_steps:
+    notes.append(f"DiLoCo overlap: round = H*t + max(0, E - tau*t), "
+                 f"tau={s.overlap_steps} inner steps.")
   if s.topology == "allreduce":
     notes.append(
         "topology=allreduce: float32 payloads (none) by ring all-reduce, "
@@ -423,7 +449,8 @@ def link_fields(args) -> dict:
               latency_s=args.latency_ms / 1e3, topology=args.topology,
               grad_bytes_per_param=(FLOAT32_BYTES if args.grad_dtype ==
                                     "float32" else BF16_BYTES),
-              store_download_compressed=args.store_download == "compressed")
+              store_download_compressed=args.store_download == "compressed",
+              overlap_steps=args.overlap_steps)
 
 
 def setting_from_flags(args, parser) -> tuple[Setting, dict[str, float]]:
@@ -467,6 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--lowrank_rank", type=int, default=32)
   p.add_argument("--matrix_shape", default="4096x4096", help="for lowrank")
   p.add_argument("--topk_fraction", type=float, default=0.01)
+  p.add_argument("--overlap_steps", type=int, default=0,
+                 help="tau: also print delay=overlap arms (1 <= tau <= H)")
   return p
 
 

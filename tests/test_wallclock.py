@@ -93,6 +93,37 @@ def test_delay_hides_exchange_only_when_it_fits_under_compute():
       pytest.approx(30.0))
 
 
+def test_overlap_hides_the_exchange_under_tau_steps_only():
+  # Exchange 5 s, steps of 1 s, H = 10.
+  common = dict(params=0.25e9, step_time_s=1.0, H=10, workers=2,
+                bandwidth_bytes_s=GB, latency_s=0.0, topology="allreduce",
+                bytes_per_round=5 * GB, delay="overlap")
+  # tau = 2: 3 s of the exchange stay on the round; tau = 5 hides it all.
+  assert wallclock.predict_round_s(**common, tau=2) == pytest.approx(13.0)
+  assert wallclock.predict_round_s(**common, tau=5) == pytest.approx(10.0)
+  # tau = H is one_round, also when the exchange is longer than a round.
+  for exchange in (5.0, 30.0):
+    assert wallclock.round_s_from_exchange(1.0, 10, exchange, "overlap",
+                                           tau=10) == pytest.approx(
+        wallclock.round_s_from_exchange(1.0, 10, exchange, "one_round"))
+  # 10 rounds: 9 wait 3 s each, then the last exchange drains.
+  assert wallclock.comm_wait_s(100, 1.0, 10, 5.0, "overlap", tau=2) == 32.0
+  with pytest.raises(ValueError, match="tau"):
+    wallclock.round_s_from_exchange(1.0, 10, 5.0, "overlap", tau=0)
+  # The CLI prints the overlap arms only when asked.
+  args = ["--params=1e6", "--step_time_s=1", "--tokens_per_step=1",
+          "--workers=2", "--H=10", "--compressors=none"]
+  setting, payloads = wallclock.setting_from_flags(
+      wallclock.build_parser().parse_args(args + ["--overlap_steps=2"]),
+      None)
+  names = [a.name for a in wallclock.all_arms(setting, payloads)]
+  assert "DiLoCo overlap tau=2 [none]" in names
+  setting, payloads = wallclock.setting_from_flags(
+      wallclock.build_parser().parse_args(args), None)
+  assert not any("overlap" in a.name
+                 for a in wallclock.all_arms(setting, payloads))
+
+
 def test_compression_shortens_the_exchange_proportionally():
   params = 1e9
   full = wallclock.exchange_s(params, 4 * params, 2, GB, 0.0, "allreduce")
