@@ -376,7 +376,7 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
   if r + 1 < runner.spec.num_rounds:
     following = type(task)(r + 1, task.group)
     runner.prefetch = _Prefetch(runner, following, program)
-    # Under `overlap` only the tau steps before version r + 1 is needed.
+    # Under `overlap` only its first tau steps, which need no version.
     runner.speculated = train(runner, following, program, done.outer,
                               after_first_dispatch=start_uploads,
                               partial=True)
