@@ -20,6 +20,7 @@ from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import launcher
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import roles as roles_lib
+from dipaco_jax.islands import timeline
 from dipaco_jax.islands import worker as worker_lib
 from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.store import atomic
@@ -197,8 +198,14 @@ def test_a_delayed_tasks_phases_add_up_to_its_time(tmp_path, monkeypatch,
   _islands_in_process(exp, tmp_path / "islands", 4)
   assert len(seen) == 2  # Two rounds of one task.
   for elapsed, phases in seen:
-    accounted = sum(v for k, v in phases.items() if k != "wait_version")
+    # wait_version and wait_in_compute are parts of wait and compute.
+    accounted = sum(v for k, v in phases.items()
+                    if k not in ("wait_version", "wait_in_compute"))
     assert 0 <= elapsed - accounted < 0.05, (elapsed, phases)
+    # The plot's bar: the same total, the mid-round wait split out.
+    parts = timeline.plot_parts(phases)
+    assert sum(v for _, v in parts) == pytest.approx(accounted)
+    assert ("wait_in_compute" in phases) == (delay == "overlap")
 
 
 def _fresh_store(tmp_path, paths_per_task, num_steps=2):

@@ -346,9 +346,9 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
       _contributions(done.anchor, done.params), done.carry,
       runner.num_units)
   if runner.config.diloco.delay == "overlap":
-    # Version r was applied inside the round; the next starts where this
-    # one ended.
-    t_version, next_anchor = done.wait_version_s, done.params
+    # Version r was applied inside the round (its wait is part of
+    # `compute`); the next starts where this one ended.
+    t_version, next_anchor = 0.0, done.params
   else:
     t_version = time.monotonic()
     start = _version(runner, task, program, done.anchor)
@@ -389,7 +389,11 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
   phases = {"compute": t_compute - t0, "wait": t_wait - t_compute,
             "next_round": t_next - t_wait,
             "upload_tail": time.monotonic() - t_next,
-            # Part of `wait` (one_round) or of `compute` (overlap: the
-            # read inside the round), for the record (not drawn).
+            # Part of `wait`: the version's read (one_round), for the
+            # record (not drawn).
             "wait_version": t_version}
+  if runner.config.diloco.delay == "overlap":
+    # Part of `compute`: waiting for version r after tau steps (drawn as
+    # a wait at the start of the compute bar, `timeline.plot`).
+    phases["wait_in_compute"] = done.wait_version_s
   return {w: float(l) for w, l in zip(task.group, loss_G)}, phases

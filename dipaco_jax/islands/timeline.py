@@ -12,7 +12,10 @@ the module version the round restarts from, and reading it), `next_round`
 (the next round trained ahead while this one's uploads run) and
 `upload_tail` (uploads still running after that); and, for the record,
 the part of `wait` spent on the version (`wait_version`: joining its
-prefetch, or reading it). `plot` draws them per
+prefetch, or reading it); with `overlap`, whose version is read after tau
+steps of the round, the part of `compute` spent waiting for it
+(`wait_in_compute`, drawn as a wait where the compute bar starts: the
+round's last H - tau steps follow it). `plot` draws them per
 worker on one time axis: with the outer step one round late and the
 uploads in the background, a round is about its compute.
 """
@@ -83,6 +86,20 @@ def mean_phases(run) -> dict | None:
   return {k: float(np.mean([r[k] for r in rows])) for k in keys}
 
 
+def plot_parts(phases: dict) -> list[tuple[str, float]]:
+  """A delayed task's bar segments in time order: its PHASES, with the
+  wait inside `compute` (`overlap`) split out in front of it."""
+  inside = phases.get("wait_in_compute", 0.0)
+  parts = []
+  for kind in PHASES:
+    seconds = phases[kind]
+    if kind == "compute" and inside:
+      parts.append(("wait", inside))
+      seconds -= inside
+    parts.append((kind, seconds))
+  return parts
+
+
 def plot(run, path) -> None:
   """One row per worker, one bar per task (split into its phases)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -98,7 +115,7 @@ def plot(run, path) -> None:
   for y, (worker, rows) in enumerate(sorted(tasks.items())):
     for t in rows:
       left = t["start"] - t0
-      parts = ([(k, t["phases"][k]) for k in PHASES] if "phases" in t
+      parts = (plot_parts(t["phases"]) if "phases" in t
                else [("task", t["seconds"])])
       for kind, seconds in parts:
         ax.barh(y, seconds, left=left, color=_COLORS[kind],
