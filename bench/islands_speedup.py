@@ -4,8 +4,9 @@ r"""The island tables of issues 10 and 15 from `bench/islands_gpu.sh`.
 
 Reads OUT/{diloco,dipaco}_spmd1_metrics.jsonl (the SPMD run on one GPU)
 (and, for DiPaCo, OUT/dipaco_{dense1,path1}_metrics.jsonl: one path
-alone in two layouts) and OUT/{diloco,dipaco}_islands{N}_{DELAY}_h{H}[_kill{K}][_every{E}]
-[_rep{R}]_{stats,results}.json (N worker processes, one GPU each) and
+alone in two layouts) and
+OUT/{diloco,dipaco}_islands{N}_{DELAY}[_tau{TAU}]_h{H}[_kill{K}]
+[_every{E}][_rep{R}]_{stats,results}.json (N worker processes, one GPU each) and
 prints, per island arm, the aggregate tokens/s after round 0 (launcher.task_stats: no compilation) against the SPMD run's
 steady tokens/s (the median of its progress rows after the first, which
 carries compilation), the share of the workers' wall time spent waiting

@@ -31,7 +31,7 @@ def main(argv) -> None:
     sys.exit("usage: profile_diff.py A.json B.json (bench/step_profile.py "
              "--out files)")
   a, b = _load(argv[1]), _load(argv[2])
-  print(f"| | A | B | B - A |\n| --- | --- | --- | --- |")
+  print("| | A | B | B - A |\n| --- | --- | --- | --- |")
   for key in ("step_ms", "device_op_ms"):
     print(f"| {key} | {a[key]:.3f} | {b[key]:.3f} | {b[key] - a[key]:+.3f} |")
   names = list(a["categories"]) + [k for k in b["categories"]
