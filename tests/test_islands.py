@@ -143,10 +143,12 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
   assert list((tmp_path / "trace").rglob("*.xplane.pb"))
 
 
-@pytest.mark.parametrize("delay", ["none", "one_round", "overlap"])
-def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay):
+@pytest.mark.parametrize("delay,tau", [("none", 0), ("one_round", 0),
+                                       ("overlap", 1), ("overlap", 2)])
+def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau):
   # DiLoCoX on islands (islands/delayed.py for one_round, and overlap at
-  # tau = 1 of H = 2: version 1 applied after round 1's first step) and
+  # tau = 1 of H = 2: version 1 applied after round 1's first step; at
+  # tau = H = 2, at its end, nothing left to train after it) and
   # compression
   # for real (islands/wire.py): workers write int4 payloads
   # with error feedback (the residual travels with the AdamW state), the
@@ -156,7 +158,7 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay):
   settings = dict(delay=delay, compression="int4", error_feedback=True,
                   compression_block_size=64,
                   per_slot="shared=compression:lowrank+rank_max:2",
-                  overlap_steps=1 if delay == "overlap" else 0)
+                  overlap_steps=tau)
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
   spmd = jax.device_get(exp.train().state["outer"]["params"])
   run = tmp_path / "islands"

@@ -260,8 +260,9 @@ class TaskRunner:
         if self.slowdown_s:
           time.sleep(self.slowdown_s * n)
     # Read once the round is queued: no host sync between its steps.
-    losses_HxG = np.concatenate([np.asarray(x).reshape(-1, x.shape[-1])
-                                 for x in jax.device_get(losses)])
+    losses_HxG = np.concatenate([np.zeros((0, len(task.group)))] + [
+        np.asarray(x).reshape(-1, x.shape[-1])
+        for x in jax.device_get(losses)])
     if not np.isfinite(losses_HxG).all():
       raise TaskFailed(
           f"non-finite loss in round {task.round_index} of workers "
