@@ -146,11 +146,10 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
 @pytest.mark.parametrize("delay,tau", [("none", 0), ("one_round", 0),
                                        ("overlap", 1), ("overlap", 2)])
 def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau):
-  # DiLoCoX on islands (islands/delayed.py for one_round, and overlap at
-  # tau = 1 of H = 2: version 1 applied after round 1's first step; at
-  # tau = H = 2, at its end, nothing left to train after it) and
-  # compression
-  # for real (islands/wire.py): workers write int4 payloads
+  # DiLoCoX on islands (islands/delayed.py: one_round; overlap at tau = 1
+  # of H = 2, version 1 applied after round 1's first step, and at tau =
+  # H, after its last) and compression for real (islands/wire.py):
+  # workers write int4 payloads
   # with error feedback (the residual travels with the AdamW state), the
   # shared slot low rank (its warm start carried too), and the executors
   # decode them; against the SPMD runtime's simulation, 2 rounds, every

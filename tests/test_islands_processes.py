@@ -163,7 +163,8 @@ def test_pipelined_units_survive_kills(tmp_path):
                                                ("overlap", 2)])
 def test_a_killed_worker_replays_with_inner_state_every(tmp_path, delay,
                                                         kill_after):
-  # AdamW states (one round late, islands/delayed.py: with the anchors)
+  # AdamW states (one round late or overlapped, islands/delayed.py: with
+  # the anchors)
   # committed every 4 rounds (of 8: after round 3 only), one group of 2
   # paths per worker; a worker killed once round `kill_after` is committed
   # comes back with nothing kept: its next task replays from the fresh
