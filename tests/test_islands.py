@@ -318,17 +318,20 @@ def _unit_bytes(run, kind, slot, expert, version, stage=None):
 
 
 @pytest.mark.parametrize("delay,compression", [("none", "none"),
-                                               ("one_round", "int4")])
+                                               ("one_round", "int4"),
+                                               ("overlap", "int4")])
 def test_pipelined_islands_store_stages_and_equal_the_spmd_runtime(
     tmp_path, delay, compression):
   # 2 pipeline stages: every layer slot's module, outer state and
   # contribution is 2 keys of half its bytes (DiLoCoX's dual optimizer
-  # policy), the 4 paths of each task vmapped, 2 rounds. With one_round
-  # and int4 (blocks of 32 values: no block spans two stages), the
-  # stages' payloads are encoded apart and their residuals carried on.
+  # policy), the 4 paths of each task vmapped, 2 rounds. With a delay
+  # (one_round; overlap at tau = 1 of H = 2) and int4 (blocks of 32
+  # values: no block spans two stages), the stages' payloads are encoded
+  # apart and their residuals carried on.
   settings = dict(delay=delay, compression=compression,
                   error_feedback=compression != "none",
-                  compression_block_size=32)
+                  compression_block_size=32,
+                  overlap_steps=1 if delay == "overlap" else 0)
   exp = _experiment(tmp_path / "spmd", num_steps=4, stages=2, **settings)
   spmd = jax.device_get(exp.train().state["outer"]["params"])
   run = tmp_path / "islands"
