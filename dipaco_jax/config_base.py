@@ -193,6 +193,12 @@ def base_config() -> ml_collections.ConfigDict:
   # Inner steps per jitted call (train/dispatch.py): > 1 pays the host's
   # work per call once per that many steps (small models on GPUs).
   c.train.steps_per_dispatch = 1
+  # With steps_per_dispatch > 1: a path's layer slots merged into one
+  # stacked leaf for the dispatch's steps (train/merged_slots.py), so AdamW
+  # launches one kernel per layer leaf instead of one per slot and leaf.
+  # The same update up to the clipping norm's summation order. Not yet
+  # timed on a GPU (BUILD_NOTES, issue 15).
+  c.train.merge_layer_slots = False
   # The gradient's dtype (train/state.py `_worker_step`): bfloat16 is meant
   # to halve the bytes of the data-parallel all-reduce, at the cost of the
   # forward pass seeing bf16-rounded parameters and the gradient's own
@@ -366,6 +372,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   from dipaco_jax.train import profiling  # pylint: disable=g-import-not-at-top
   comm_lib.check_config(config)
   profiling.parse_window(t.profile_steps)
+  if t.merge_layer_slots and t.steps_per_dispatch < 2:
+    _fail("train.merge_layer_slots", "merges once per dispatch: set "
+          "train.steps_per_dispatch > 1 (e.g. 10), or turn it off.")
   if config.eval.early_stopping and multi_path and (
       config.eval.holdout_fraction == 0):
     _fail("eval.holdout_fraction", "per-path early stopping scores paths on "

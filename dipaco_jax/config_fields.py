@@ -147,7 +147,7 @@ _BOOL_FIELDS = (
     "eval.learned_reroute", "eval.dump_reroute_data", "eval.early_stopping",
     "eval.dense_same_flops", "diloco.weight_by_shard_size",
     "diloco.rescale_by_sqrt_users", "diloco.error_feedback",
-    "ckpt.async_save")
+    "ckpt.async_save", "train.profile_python", "train.merge_layer_slots")
 
 # String fields that take one of a few values (the others are free text).
 _CHOICES = {

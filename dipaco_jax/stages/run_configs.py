@@ -37,6 +37,8 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
     del keep["train"]["steps_per_dispatch"]
   if keep["train"].get("grad_dtype") == "float32":
     del keep["train"]["grad_dtype"]
+  if not keep["train"].get("merge_layer_slots", False):
+    keep["train"].pop("merge_layer_slots", None)
   keep["data"] = {k: v for k, v in keep["data"].items()
                   if k not in data_not_hashed}
   # DiLoCoX's fields enter only when set: a plain DiLoCo/DiPaCo run keeps

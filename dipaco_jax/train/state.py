@@ -42,6 +42,7 @@ from dipaco_jax.model import layers
 from dipaco_jax.model import pipelined
 from dipaco_jax.model import transformer
 from dipaco_jax.parallel import mesh as mesh_lib
+from dipaco_jax.train import merged_slots
 
 
 def next_token_loss(model, params, batch_BxLp1, loss_chunk: int = 0):
@@ -242,9 +243,13 @@ class Runtime:
 
   # --- Steps ----------------------------------------------------------------
 
-  def _worker_step(self, params, opt_state, batch_BxLp1):
+  def _worker_step(self, params, opt_state, batch_BxLp1, unmerge=None):
+    """One worker's AdamW step; `unmerge`: its layer slots arrive merged
+    (`merged_slots`), and the model gets them back cut apart."""
     loss_fn = functools.partial(next_token_loss, self.train_model,
                                 loss_chunk=self.config.model.loss_chunk)
+    if unmerge is not None:
+      loss_fn = lambda p, b, f=loss_fn: f(unmerge(p), b)
     grad_dtype = jnp.dtype(self.config.train.grad_dtype)
     if grad_dtype == jnp.float32:
       loss, grads = jax.value_and_grad(loss_fn)(params, batch_BxLp1)
@@ -264,10 +269,11 @@ class Runtime:
     return params, opt_state, {"loss": loss,
                                "grad_norm": optax.tree.norm(grads)}
 
-  def _step(self, state, batch_WxBxLp1):
+  def _step(self, state, batch_WxBxLp1, unmerge=None):
     """One inner step of every worker."""
     params, opt_state, metrics = jax.vmap(
-        self._worker_step, spmd_axis_name=self._workers_spec[0])(
+        functools.partial(self._worker_step, unmerge=unmerge),
+        spmd_axis_name=self._workers_spec[0])(
             state["inner"]["params"], state["inner"]["opt_state"],
             batch_WxBxLp1)
     inner = dict(state["inner"], params=params, opt_state=opt_state)
@@ -285,7 +291,11 @@ class Runtime:
   def _jit_inner_k_steps(self):
     """K inner steps in one call (`train.steps_per_dispatch`): a scan of
     `_step` over batches [K, W, B, L+1]; metrics come back [K, W]."""
+    group = merged_slots.layer_group(self.topology, self.config)
+
     def steps(state, batches_KxWxBxLp1):
+      if group:  # `train.merge_layer_slots`.
+        return merged_slots.scan(self._step, group, state, batches_KxWxBxLp1)
       return jax.lax.scan(self._step, state, batches_KxWxBxLp1)
 
     metric_sharding = jax.sharding.NamedSharding(
