@@ -29,9 +29,9 @@ MERGED = "merged_layer_slots"  # The merged leaf's key in the param tree.
 
 
 def layer_group(topology, config) -> tuple[str, ...]:
-  """The layer slots to merge, in depth order: all of a path's, when the
-  setting is on and their leaves stack (scanned layers, no pipeline);
-  else ()."""
+  """The layer slots to merge: all of a path's, when the setting is on and
+  their leaves stack (scanned layers, no pipeline); else (). Any order
+  will do: `split` hands each slot back its own layers."""
   names = tuple(s.name for s in topology.layer_slots)
   on = (config.train.get("merge_layer_slots", False)
         and config.model.scan_layers and len(names) > 1
