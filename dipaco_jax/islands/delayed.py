@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import background
 from dipaco_jax.islands import layout
@@ -84,10 +85,7 @@ class Trained:
 def overlap_steps(runner, round_index: int) -> int:
   """tau for a round under `overlap` (none at round 0: it starts from
   version 0 itself), else 0."""
-  diloco = runner.config.diloco
-  if diloco.delay != "overlap" or round_index == 0:
-    return 0
-  return int(diloco.overlap_steps)
+  return comm_lib.overlap_steps(runner.config) if round_index else 0
 
 
 def inner_like(runner, program) -> dict:

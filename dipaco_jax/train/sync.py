@@ -27,7 +27,8 @@ so a checkpoint between them loses nothing), `finish(r - 1)` has nothing
 left to do, and the last round's `finish` applies the round still in
 flight (`Runtime.flush_step`). With `delay=overlap` (`lag_steps` = tau),
 `start(r)` is `Runtime.handover_step`, `finish(r)` is `apply_step`, and
-the last round's (due past the end) is `flush_step`; islands refuse it.
+the last round's (due past the end) is `flush_step`; islands run the
+same rule with the store in between (`islands/delayed.py`).
 
 The worker weights of the outer step are the synchronizer's, not the
 runtime's: `set_weights` changes them between rounds (0 for a worker whose
