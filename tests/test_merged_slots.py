@@ -81,3 +81,26 @@ def test_island_workers_merge_too_and_equal_the_spmd_runtime(tmp_path):
   bank = test_islands._islands_in_process(  # pylint: disable=protected-access
       exp, tmp_path / "islands", 4, steps_per_dispatch=2)
   assert test_islands._max_abs_diff(spmd, bank) < 1e-6  # pylint: disable=protected-access
+
+
+def _optimizer_instructions(merge: bool) -> int:
+  """Fusions, adds and multiplies scoped `optimizer` in the compiled
+  3-step program of a tiny DiPaCo 2x2 (XLA:CPU)."""
+  import re  # pylint: disable=g-import-not-at-top
+  config = testing.tiny_config("2x2", inner_steps=4, num_steps=8)
+  config.train.steps_per_dispatch = 3
+  config.train.merge_layer_slots = merge
+  runtime = testing.tiny_runtime(config)
+  state = runtime.init_state(jax.random.key(0))
+  w, b, l = runtime.global_batch_shape
+  batch = runtime.worker_rows(np.zeros((3, w, b, l), np.int32))
+  text = runtime.inner_k_steps.jitted.lower(state, batch).compile().as_text()
+  return sum(1 for line in text.splitlines() if "optimizer" in line and
+             re.search(r"= \S+ (fusion|add|multiply)\(", line))
+
+
+def test_merging_cuts_the_optimizers_instructions():
+  # What the setting is for: AdamW over one merged leaf per layer
+  # parameter instead of one per slot (measured 487 -> 295 here).
+  plain, merged = _optimizer_instructions(False), _optimizer_instructions(True)
+  assert merged < 0.75 * plain, (plain, merged)
