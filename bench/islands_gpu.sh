@@ -42,7 +42,7 @@
 # PROFILE=START:COUNT traces those inner steps (config.train.profile_steps)
 # in the SPMD runs and in each worker that runs them, and writes each
 # trace's idle gaps (bench/trace_gaps.py) as OUT/*_gaps.{txt,json}.
-# Env: STEPS, ARMS, DETERMINISTIC, MAX_CHARS, PATH1, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
+# Env: STEPS, ARMS, DETERMINISTIC, MAX_CHARS, PATH1, PATH1_H, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
 # the SPMD run, e.g. the outer optimizer), GPUS (the GPUs to use, e.g.
 # "0,1": the SPMD run on the first, worker i on the i-th; default 0..N-1),
 # so another job can use the machine's other GPUs meanwhile; SPMD_STEPS
@@ -117,6 +117,7 @@ case $part in
       p1=/tmp/${part}_path1; rm -rf $p1; mkdir -p $p1/runs
       cp -r $a/data $p1/; cp -r $a/runs/base $p1/runs/
       first=${ARMS:-none:100}; IFS=: read -r _ h1 _ <<< "${first%% *}"
+      h1=${PATH1_H:-$h1}  # PATH1_H: its H when ARMS=" " (no island arm)
       CUDA_VISIBLE_DEVICES=${gpus%%,*} python3 -m dipaco_jax.main \
         --config=$cfg --workdir=$p1 "${corpus[@]}" "${steps[@]}" \
         ${SPMD_STEPS:+--config.train.num_steps=$SPMD_STEPS} \
