@@ -3,21 +3,23 @@
 
 A DiPaCo path cut into level slots (2x2: layers 0-3 and 4-7) holds each
 layer parameter as one stacked leaf per slot, so AdamW, which runs per
-leaf, launches one update kernel per slot and leaf: on this CPU's compiled
-step two slots add 24 optimizer kernels to one slot's 42
-(`bench/hlo_kernels.py`), the likely cause of the two-slot model's 4% on
-an H100 (BUILD_NOTES, issue 15). Inside `Runtime.inner_k_steps` this
-module concatenates the layer slots' leaves along the layer axis, once
-per dispatch, for the parameters and every parameter-shaped part of the
-optimizer state; the K steps update the merged leaves (the model gets
-its slots back as slices of them); the dispatch's end cuts them apart
-again. Outside a dispatch nothing changes: the outer step, checkpoints
+leaf, launches one update kernel per slot and leaf: on an H100 the
+compiled update of two slots is 64 kernels against one slot's 18
+(`bench/hlo_kernels.py`; the models' kernels are the same), and the
+two-slot step 4.1% slower (BUILD_NOTES, issue 15). Inside
+`Runtime.inner_k_steps` this module concatenates the layer slots' leaves
+along the layer axis, once per dispatch, for the parameters and every
+parameter-shaped part of the optimizer state; the K steps update the
+merged leaves (the model gets its slots back as slices of them); the
+dispatch's end cuts them apart again. Outside a dispatch nothing changes: the outer step, checkpoints
 and islands see the slots as always.
 
 AdamW is elementwise, so the merged update is the per-slot one; only the
 global-norm clipping and the gradient-norm metric sum the same squares in
 another order (a float32 rounding). A merge costs one copy of the
-parameters and the AdamW moments each way per dispatch.
+parameters and the AdamW moments each way per dispatch. Measured on one
+H100 at K = 10: one 2x2 path 2.0% faster, DiPaCo 2x2 (4 paths vmapped)
+6.0% (`bench/layout_cost.sh`).
 """
 
 import functools
