@@ -1,0 +1,68 @@
+"""bench/contribution_fidelity.py: codec specs from the command line and
+the error sums it reports."""
+
+import importlib.util
+import os
+
+import jax
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location(
+    "contribution_fidelity",
+    os.path.join(REPO, "bench", "contribution_fidelity.py"))
+fidelity = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fidelity)
+
+
+def _contribs(seed):
+  """{slot: tree} of [W=3, ...] float32 leaves."""
+  rng = np.random.default_rng(seed)
+  return {"s0": {"w": rng.normal(size=(3, 64, 32)).astype(np.float32),
+                 "b": rng.normal(size=(3, 300)).astype(np.float32)}}
+
+
+def test_parse_codec_fields_and_types():
+  spec = fidelity.parse_codec(
+      "topk:topk_fraction=0.25,topk_chunk=512,error_feedback=True")
+  assert (spec.name, spec.topk_fraction, spec.topk_chunk,
+          spec.error_feedback) == ("topk", 0.25, 512, True)
+  assert fidelity.parse_codec("int4").error_feedback is False
+
+
+@pytest.mark.parametrize("text", ["int4:rank=3", "int4:name=topk",
+                                  "lowrank:rank_min=9,rank_max=8"])
+def test_parse_codec_refuses_bad_specs(text):
+  with pytest.raises((SystemExit, ValueError)):
+    fidelity.parse_codec(text)
+
+
+def test_uncompressed_has_no_error_and_ratio_one():
+  t = fidelity.Tracker(fidelity.parse_codec("none"))
+  for r in range(2):
+    t.add(_contribs(r))
+  row = t.row("none")
+  assert row["err_worker"] == row["err_mean"] == row["err_sum"] == 0.0
+  assert row["ratio"] == pytest.approx(1.0)
+  assert row["rounds"] == 2
+
+
+def test_error_feedback_sum_error_is_the_residual():
+  """With error feedback, sum of sent + residual = sum of contributions,
+  so err_sum is each worker's residual norm over its summed contribution."""
+  t = fidelity.Tracker(fidelity.parse_codec("int4:error_feedback=True"))
+  rounds = [_contribs(r) for r in range(3)]
+  for c in rounds:
+    t.add(c)
+  total = jax.tree.map(lambda *xs: sum(xs), *rounds)
+  norm_W = lambda tree: np.sqrt(sum(
+      np.sum(np.square(x), axis=tuple(range(1, x.ndim)))
+      for x in jax.tree.leaves(tree)))
+  want = np.mean(norm_W(t.residuals) / norm_W(total))
+  row = t.row("int4")
+  assert row["err_sum"] == pytest.approx(float(want), rel=1e-5)
+  # int4 loses something every round, and 4 bits + a scale per 256 values
+  # are 7.8x fewer bytes than float32 (the 300-entry leaf pads one block).
+  assert 0 < row["err_sum"] < row["err_worker"] < 0.2
+  assert 7 < row["ratio"] < 8
