@@ -44,6 +44,7 @@ import pathlib
 import sys
 import time
 
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -191,26 +192,14 @@ def judge_saved(folder: str, trackers) -> tuple[int, int]:
   return jax.tree.leaves(contribs)[0].shape[0], h
 
 
-def flatten(tree: dict, prefix: str = "") -> dict:
-  """{"a/b/c": leaf} of a nested dict (the .npz keys)."""
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      out.update(flatten(v, f"{prefix}{k}/"))
-    else:
-      out[f"{prefix}{k}"] = np.asarray(v)
-  return out
+def flatten(tree: dict) -> dict:
+  """{"slot/a/b": leaf} of a nested dict (the .npz keys)."""
+  return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(
+      tree, sep="/").items()}
 
 
 def unflatten(flat: dict) -> dict:
-  out = {}
-  for key, v in flat.items():
-    *parents, leaf = key.split("/")
-    node = out
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = v
-  return out
+  return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def train_and_judge(config, args, trackers) -> tuple[int, int]:
