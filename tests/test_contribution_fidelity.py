@@ -89,3 +89,20 @@ def test_bound_is_the_gaussian_rate_distortion_bound():
   row = t.row("int4")
   assert row["bound"] == pytest.approx(2.0 ** (-32.0 / row["ratio"]))
   assert row["bound"] < row["err_worker"]
+
+
+def test_structure_of_gaussian_and_repeated_contributions():
+  """Independent Gaussian workers: kurtosis 3, cosines near 0; a round
+  repeated: cosine 1 between rounds; an exact top 1/16 of Gaussian
+  entries holds 2 (t phi(t) + 1 - Phi(t)) = 32.6% of |c|^2 (t = 1.863)."""
+  s = fidelity.Structure()
+  c = {"s": {"w": np.random.default_rng(0).normal(
+      size=(4, 200_000)).astype(np.float32)}}
+  s.add(c)
+  s.add(c)
+  got = s.summary()
+  assert got["kurtosis"] == pytest.approx(3.0, abs=0.05)
+  assert abs(got["cos_workers"]) < 0.01
+  assert got["cos_rounds"] == pytest.approx(1.0, abs=1e-5)
+  assert got["top_1_16"] == pytest.approx(0.3255, abs=0.01)
+  assert got["top_1_64"] < got["top_1_16"]
