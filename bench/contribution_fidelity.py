@@ -1,7 +1,8 @@
 r"""How much of a round's contributions each compressor keeps, per byte.
 
   python bench/contribution_fidelity.py --config=experiments/diloco.py \
-      --workdir=/tmp/fidelity --rounds=12 --warm_rounds=4 --out=F.json
+      --workdir=/tmp/fidelity --base_steps=500 --rounds=12 --warm_rounds=4 \
+      --out=F.json
 
 Trains the config's DiLoCo (or DiPaCo) run uncompressed on its corpus
 (the framework's data stage and SPMD runtime; the workers' rows dealt
@@ -184,6 +185,9 @@ def main():
   p.add_argument("--rounds", type=int, default=12)
   p.add_argument("--warm_rounds", type=int, default=4,
                  help="rounds trained before the first measured one")
+  p.add_argument("--base_steps", type=int, default=0,
+                 help="fork the workers from a dense base of this many "
+                 "steps (the issue's runs: 500), not from initialization")
   p.add_argument("--save", default="",
                  help="folder: each measured round's contributions (.npz)")
   p.add_argument("--load", default="",
@@ -246,6 +250,28 @@ def unflatten(flat: dict) -> dict:
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
+def base_bank(config, data, steps: int) -> dict:
+  """A dense base for the workers to fork from, as the pipeline's base
+  stage makes one: one replica at the base's batch for `steps` steps (its
+  own learning-rate schedule over them; here on the training rows), as
+  a module bank (the replica's parameters: one module per slot)."""
+  c = config.copy_and_resolve_references()
+  c.paths.num_replicas = 1
+  c.train.batch_size = config.base.batch_size or config.train.batch_size
+  c.train.num_steps = c.diloco.inner_steps = steps
+  runtime = testing.tiny_runtime(c, vocab_size=data.vocab_size)
+  stream = batches_lib.StackedBatches(worker_rows(data, c, 1), c.seed,
+                                      c.train.batch_size)
+  state = runtime.init_state(jax.random.key(c.seed))
+  for step in range(steps):
+    state, m = runtime.inner_step(state, runtime.worker_rows(
+        stream.batch(step)))
+    if (step + 1) % 100 == 0 or step + 1 == steps:
+      print(f"base step {step + 1}/{steps}  loss "
+            f"{float(jnp.mean(m['loss'])):.4f}", flush=True)
+  return state["inner"]["params"]
+
+
 def train_and_judge(config, args, trackers) -> tuple[int, int]:
   """Trains the run uncompressed; each measured round's contributions go
   to every tracker (and to --save)."""
@@ -256,7 +282,9 @@ def train_and_judge(config, args, trackers) -> tuple[int, int]:
                                       config.seed, config.train.batch_size)
   h = config.diloco.inner_steps
   assignment = runtime.topology.assignment_WxS
-  state = runtime.init_state(jax.random.key(config.seed))
+  state = (runtime.state_from_bank(base_bank(config, data, args.base_steps))
+           if args.base_steps else runtime.init_state(
+               jax.random.key(config.seed)))
   t0, step = time.perf_counter(), 0
   for r in range(args.warm_rounds + args.rounds):
     for _ in range(h):
