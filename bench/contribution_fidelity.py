@@ -175,7 +175,7 @@ class Tracker:
             "bound": 2.0 ** (-32.0 * self.bytes / self.float_bytes)}
 
 
-def main():
+def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--config", required=True)
   p.add_argument("--workdir", help="the data stage's cache (to train)")
@@ -194,7 +194,7 @@ def main():
                  help="a --save folder: judge the codecs on its rounds, "
                  "no training")
   p.add_argument("--out", default="")
-  args = p.parse_args()
+  args = p.parse_args(argv)
   config = eval_throughput.apply_overrides(
       eval_throughput.load_config(args.config), args.set)
   codecs = args.codec or list(DEFAULT_CODECS)
