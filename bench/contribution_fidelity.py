@@ -6,7 +6,9 @@ r"""How much of a round's contributions each compressor keeps, per byte.
 
 Trains the config's DiLoCo (or DiPaCo) run uncompressed on its corpus
 (the framework's data stage and SPMD runtime; the workers' rows dealt
-from one shuffled pool, as i.i.d. shards), and at every outer step after
+from one shuffled pool, as i.i.d. shards, also for DiPaCo, whose real
+shards are routed; from initialization, or from a dense base of
+`--base_steps`), and at every outer step after
 `--warm_rounds` hands each worker's true contribution c_w (anchor minus
 its parameters, float32, every slot) to each codec of `--codec`, with
 its error-feedback residual and codec state carried from round to round

@@ -11,8 +11,9 @@ two-slot step 4.1% slower (BUILD_NOTES, issue 15). Inside
 along the layer axis, once per dispatch, for the parameters and every
 parameter-shaped part of the optimizer state; the K steps update the
 merged leaves (the model gets its slots back as slices of them); the
-dispatch's end cuts them apart again. Outside a dispatch nothing changes: the outer step, checkpoints
-and islands see the slots as always.
+dispatch's end cuts them apart again. Outside a dispatch nothing
+changes: the outer step, checkpoints and islands see the slots as
+always.
 
 AdamW is elementwise, so the merged update is the per-slot one; only the
 global-norm clipping and the gradient-norm metric sum the same squares in
