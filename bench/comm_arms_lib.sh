@@ -20,8 +20,15 @@ setup_arms() {  # log name, config, default MAX_CHARS, then more flags
           "--config.data.text_glob=$sp/**/*.py"
           --config.data.max_corpus_chars=${MAX_CHARS:-$3} "${@:4}")
 }
+# The scripts resume: run the same command again (e.g. in the next device
+# call on the same machine, after a `timeout`) and each arm that wrote its
+# results is skipped, and an arm cut short resumes from its checkpoints
+# (main.py's exact resume; ckpt.every of the config).
 run() {  # name, then extra main.py flags
   local name=$1; shift
+  if [[ -f "$arms/$name.json" ]]; then
+    echo "=== $name: results from an earlier call, kept" >> "$log"; return
+  fi
   echo "=== $name: $* ($(date -u +%H:%M:%S))" >> "$log"
   python3 -m dipaco_jax.main --workdir="$work/$name" "${common[@]}" "$@" \
     > "$arms/$name.log" 2>&1
@@ -35,6 +42,7 @@ run() {  # name, then extra main.py flags
 }
 share() {  # reuse the data and the dense base of run $1 in run $2
   for p in data runs/base shards/base; do
+    [[ -e "$work/$2/$p" ]] && continue  # shared by an earlier call
     mkdir -p "$work/$2/$(dirname $p)"; cp -r "$work/$1/$p" "$work/$2/$p"
   done
 }

@@ -2,15 +2,20 @@
 # DiLoCoX communication arms on experiments/diloco.py (DiLoCo x8, H = 50),
 # all from one dense base and one tokenized corpus (issue 11, "Quality"):
 #   diloco_x8     plain DiLoCo (float32 contributions, no delay)
-#   one_round     DiLoCoX's one-round-late outer step
-#   eager         the eager-updates correction of the delay
+#   one_round     DiLoCoX's one-round-late outer step, outer lr 1.0
+#   eager         the eager-updates correction of the delay, outer lr 0.35
 #   int4_ef       int4 (per-block absmax) + error feedback
 #   e3m0          4-bit float, no error feedback
 #   lowrank_ef    adaptive low rank (energy 0.9, rank 1-2) + error feedback
-#   topk_ef       top 0.8% entries with 2-bit values + error feedback
-# (rank 2 and 0.8% are the settings that send >= 100x fewer bytes than
-# float32 on this model: ~205 / rank for its 256 x 1024 matrices, and
-# 4.25 bytes per kept entry.)
+#   topk_ef       chunked top-k, 64 of every 4096 entries, 2-bit values +
+#                 error feedback (SparseLoCo's layout)
+#   overlap_tau5          the outer step 5 of H = 50 inner steps late
+#   overlap_tau5_int4_ef  the same with int4 + error feedback
+# (rank 2 and 64/4096 are the settings that send >= 100x fewer bytes than
+# float32 on this model: ~205 / rank for its 256 x 1024 matrices, 136.5x
+# for the top-k. The outer lrs of one_round and eager are the best of the
+# 1500-step sweeps in BUILD_NOTES, chosen on our validation split of the
+# training corpus; the overlap arms were fixed from the same sweeps.)
 #   one_round_best  one_round + the compressor chosen below
 # The combined arm's compressor is chosen WITHOUT validation data: among the
 # compressed arms sending at least 100x fewer bytes than float32, the one
@@ -24,8 +29,10 @@
 # LANES arms train at once on the one GPU (small models leave it idle
 # between kernels); with GPUS=0,1,2,3 they spread over those GPUs instead
 # (bench/comm_arms_lib.sh), e.g. LANES=8 for two arms a GPU. Expected:
-# ~25 min on one H100 for the defaults; about 8 min with STEPS=1500
-# MAX_CHARS=200000000.
+# ~25 min on one H100 for the seven arms of session 11; about 8 min with
+# STEPS=1500 MAX_CHARS=200000000. Longer than a device call allows: run
+# the same command again on the same machine (under `timeout`), and it
+# goes on where the last call stopped (comm_arms_lib.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}; work=${2:-/tmp/comm_quality}
@@ -34,22 +41,27 @@ read -r -a model <<< "${MODEL:-}"
 source bench/comm_arms_lib.sh
 setup_arms comm_quality experiments/diloco.py 400000000 \
   --config.train.num_steps=${STEPS:-3000} "${model[@]}"
+d=--config.diloco
+int4="$d.compression=int4 $d.error_feedback=True"
 declare -A ARMS=(
   [diloco_x8]=""
-  [one_round]="--config.diloco.delay=one_round"
-  [eager]="--config.diloco.delay=eager"
-  [int4_ef]="--config.diloco.compression=int4 --config.diloco.error_feedback=True"
-  [e3m0]="--config.diloco.compression=e3m0"
-  [lowrank_ef]="--config.diloco.compression=lowrank --config.diloco.error_feedback=True --config.diloco.compression_rank_max=2"
-  [topk_ef]="--config.diloco.compression=topk --config.diloco.error_feedback=True --config.diloco.compression_topk_fraction=0.008"
+  [one_round]="$d.delay=one_round $d.outer_lr=1.0"
+  [eager]="$d.delay=eager $d.outer_lr=0.35"
+  [int4_ef]="$int4"
+  [e3m0]="$d.compression=e3m0"
+  [lowrank_ef]="$d.compression=lowrank $d.error_feedback=True $d.compression_rank_max=2"
+  [topk_ef]="$d.compression=topk $d.error_feedback=True $d.compression_topk_fraction=0.015625 $d.compression_topk_chunk=4096"
+  [overlap_tau5]="$d.delay=overlap $d.overlap_steps=5"
+  [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $int4"
 )
 on_gpu 0 run diloco_x8
-run_lanes one_round int4_ef lowrank_ef eager e3m0 topk_ef
+run_lanes one_round int4_ef lowrank_ef eager e3m0 topk_ef overlap_tau5 \
+  overlap_tau5_int4_ef
 best=$(python3 bench/comm_table.py "$arms" --choose)
 echo "=== combined arm: one_round + $best" >> "$log"
 share diloco_x8 one_round_best
 # shellcheck disable=SC2086
-on_gpu 0 run one_round_best --config.diloco.delay=one_round ${ARMS[$best]}
+on_gpu 0 run one_round_best ${ARMS[one_round]} ${ARMS[$best]}
 python3 bench/comm_table.py "$arms" > "$out/summary.md"
 tar czf "$out/arms.tgz" -C "$arms" .
 cat "$out/summary.md"

@@ -19,7 +19,9 @@ import json
 from pathlib import Path
 
 ARMS = ("diloco_x8", "one_round", "eager", "int4_ef", "e3m0", "lowrank_ef",
-        "topk_ef", "one_round_best")
+        "topk_ef", "overlap_tau5", "overlap_tau5_int4_ef", "one_round_best")
+# Arms named with a delay: never the combined arm's compressor.
+_DELAYS = ("one_round", "eager", "overlap", "lookahead")
 # A DiPaCo results.json's model of record (report.py's name for it).
 DIPACO_MODEL = "dipaco routed once per document"
 
@@ -74,7 +76,7 @@ def choose(out: Path) -> str:
   for name in arm_names(out):
     f = arm_figures(out, name)
     if (f is None or f["sent"] is None or f["sent"] >= f["float32"]
-        or "one_round" in name or "eager" in name):
+        or any(d in name for d in _DELAYS)):
       continue
     ratio = f["float32"] / f["sent"]
     candidates.append((ratio < 100, f["train_loss"] or float("inf"),
