@@ -294,11 +294,9 @@ def train_and_judge(config, args, trackers) -> tuple[int, int]:
           stream.batch(step)))
       step += 1
     if r >= args.warm_rounds:
-      start = outer_lib.gather_workers(state["outer"]["params"], assignment,
-                                       runtime.slot_names)
-      contribs = {n: jax.tree.map(
-          lambda a, x: a.astype(jnp.float32) - x.astype(jnp.float32),
-          start[n], state["inner"]["params"][n]) for n in runtime.slot_names}
+      contribs = outer_lib.contributions(
+          state["outer"]["params"], state["inner"]["params"], assignment,
+          runtime.slot_names)
       for t in trackers:
         t.add(contribs)
       if args.save:
