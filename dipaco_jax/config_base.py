@@ -165,11 +165,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.overlap_steps = 0
   c.diloco.compression = "none"  # none | int8 | int4 | e3m0 | lowrank | topk
   c.diloco.error_feedback = False  # Keep what compression drops, per worker.
-  c.diloco.compression_block_size = 256  # int8/int4/e3m0: values per scale.
-  c.diloco.compression_rank_min = 1  # lowrank: the adaptive rank's bounds.
-  c.diloco.compression_rank_max = 32
-  # lowrank: the share of its rank_max approximation's energy kept.
-  c.diloco.compression_energy = 0.9
+  c.diloco.compression_block_size = 256  # int codes (factors too): per scale.
+  c.diloco.compression_rank_min = 1  # lowrank: the adaptive rank's bounds,
+  c.diloco.compression_rank_max = 32  # the share of its rank_max
+  c.diloco.compression_energy = 0.9  # approximation's energy kept, and its
+  c.diloco.compression_factor_bits = 0  # factors: 0 float32, 8/4 int (DiLoCoX).
   c.diloco.compression_topk_fraction = 0.01  # topk: share of entries sent.
   # topk per chunk of this many entries, indices inside it (SparseLoCo:
   # 4096, 12-bit indices); 0 = one top-k over the whole leaf, 32-bit.

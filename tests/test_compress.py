@@ -25,6 +25,11 @@ SPECS = {
     "int4": Spec("int4", block_size=8),
     "e3m0": Spec("e3m0", block_size=8),
     "lowrank": Spec("lowrank", rank_max=3, energy=0.9),
+    # Integer factors, blocks of 4: a factor column of 5 or 7 pads a block.
+    "lowrank_int8": Spec("lowrank", rank_max=3, energy=0.9, factor_bits=8,
+                         block_size=4),
+    "lowrank_int4": Spec("lowrank", rank_max=3, energy=0.9, factor_bits=4,
+                         block_size=4),
     "topk": Spec("topk", topk_fraction=0.2),
     # Chunks of 8 (3-bit indices), 2 kept per chunk; 35 values pad a chunk.
     "topk_chunk": Spec("topk", topk_fraction=0.25, topk_chunk=8),
@@ -187,6 +192,48 @@ def test_lowrank_adaptive_rank_is_1_on_a_rank_1_matrix():
   assert int(payload["rank"]) == 1
   np.testing.assert_allclose(codec.decode(payload, m.shape), m, atol=1e-5)
   assert float(codec.payload_bytes(payload, m.shape)) == (8 + 6) * 1 * 4 + 4
+
+
+def test_lowrank_int8_factors_golden():
+  # x = a b^T with a = [3, 4], b = [0.8, -2, 0.6]: rank 1, so P = a / 5 =
+  # [0.6, 0.8] and Q = x^T P = 5 b = [4, -10, 3], up to one common sign.
+  # Blocks of 2 per factor column: P's scale 0.8 / 127, codes
+  # round(95.25) = 95 and 127; Q's blocks [4, -10] (scale 10 / 127, codes
+  # round(50.8) = 51, -127) and [3] (scale 3 / 127, code 127).
+  codec = _codec("lowrank", rank_max=1, factor_bits=8, block_size=2)
+  x = np.outer([3.0, 4.0], [0.8, -2.0, 0.6])
+  sent, payload = _round_trip(codec, x)
+  sign = np.sign(payload["p_code"][0, 0])
+  np.testing.assert_array_equal(sign * payload["p_code"], [[95, 127]])
+  np.testing.assert_array_equal(sign * payload["q_code"], [[51, -127, 127]])
+  np.testing.assert_allclose(payload["p_scale"], [[0.8 / 127]], rtol=1e-5)
+  np.testing.assert_allclose(payload["q_scale"], [[10 / 127, 3 / 127]],
+                             rtol=1e-5)
+  np.testing.assert_allclose(
+      sent, np.outer([95 * 0.8 / 127, 0.8], [51 * 10 / 127, -10, 3]),
+      rtol=1e-5)
+  # The rank (4 B); P: 2 codes + 1 scale; Q: 3 codes + 2 scales.
+  assert float(codec.payload_bytes(payload, x.shape)) == 4 + 6 + 11
+
+
+def test_lowrank_int4_factors_send_8x_fewer_bytes_at_the_same_rank():
+  x = np.random.default_rng(9).standard_normal((64, 64)).astype(np.float32)
+  def sent_and_bytes(bits):
+    codec = _codec("lowrank", rank_max=8, energy=1.0, factor_bits=bits,
+                   block_size=64)
+    sent, payload = _round_trip(codec, x)
+    return sent, float(codec.payload_bytes(payload, x.shape))
+  exact, float_bytes = sent_and_bytes(0)
+  sent, int4_bytes = sent_and_bytes(4)
+  # Per factor 8 columns of 64 nibbles + one scale each; + the rank.
+  assert int4_bytes == 2 * (8 * 32 + 8 * 4) + 4
+  assert float_bytes == (64 + 64) * 8 * 4 + 4
+  assert 7 < float_bytes / int4_bytes < 8
+  # The rounding adds little to the rank-8 approximation's own error.
+  err = lambda s: np.linalg.norm(s - x) / np.linalg.norm(x)
+  assert err(sent) < err(exact) + 0.02
+  with pytest.raises(ValueError, match="factor_bits must be"):
+    _codec("lowrank", factor_bits=2)
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -271,6 +271,14 @@ def test_bad_compression_bounds_are_one_line_config_errors():
   with pytest.raises(UserError, match=r"diloco.compression_rank_min: 9 must"
                      r" be <= diloco.compression_rank_max \(4\)"):
     config_base.validate(config, 8)
+  config = _config(compression="lowrank", compression_factor_bits=2)
+  with pytest.raises(UserError, match=r"diloco.compression_factor_bits: 2 "
+                     r"must be 0 \(float32 factors\), 8 or 4"):
+    config_base.validate(config, 8)
+  config = _config(per_slot="level=compression:lowrank+factor_bits:3")
+  with pytest.raises(UserError, match=r"per_slot: slot layers_00_01: "
+                     r"factor_bits must be 0"):
+    config_base.validate(config, 8)
   config = _config(per_slot="level=compression:lowrank+energy:2")
   with pytest.raises(UserError, match=r"per_slot: slot layers_00_01: energy "
                      r"\(2.0\)"):

@@ -10,7 +10,7 @@ A selector is a slot's name or its kind (shared | level | private); a slot
 takes the settings of its name, else of its kind, else the defaults. Keys:
 delay, compression, error_feedback, error_feedback_decay, and the
 compression_* knobs without their prefix (block_size, rank_min, rank_max,
-energy, topk_fraction, topk_chunk).
+energy, factor_bits, topk_fraction, topk_chunk).
 """
 
 import dataclasses
@@ -42,6 +42,7 @@ class SlotComm:
 _SPEC_KEYS = {"compression": "name", "error_feedback": "error_feedback",
               "block_size": "block_size", "rank_min": "rank_min",
               "rank_max": "rank_max", "energy": "energy",
+              "factor_bits": "factor_bits",
               "topk_fraction": "topk_fraction", "topk_chunk": "topk_chunk",
               "error_feedback_decay": "feedback_decay"}
 
@@ -139,6 +140,10 @@ def check_config(config) -> None:
     config_fields.fail(
         "diloco.compression_rank_min", f"{d.compression_rank_min} must be "
         f"<= diloco.compression_rank_max ({d.compression_rank_max}).")
+  if d.compression_factor_bits not in (0, 4, 8):
+    config_fields.fail(
+        "diloco.compression_factor_bits", f"{d.compression_factor_bits} must "
+        "be 0 (float32 factors), 8 or 4 (int8/int4 blocks).")
   slots = paths_lib.topology_from_config(config).slots
   comms = comm_by_slot(config, slots)
   _check_overlap(config, {c.delay for c in comms.values()})

@@ -10,7 +10,9 @@ leaf into a payload of a few arrays:
   int4     the same with codes in [-7, 7]; two nibbles per byte.
   e3m0     4-bit floats of Streaming DiLoCo, sign + 3 exponent bits: per
            block, absmax * sign * 2^(e - 7) for e in 1..7, or 0 for e = 0.
-  lowrank  PowerSGD, warm-started, adaptive rank (compress_lowrank.py).
+  lowrank  PowerSGD, warm-started, adaptive rank (compress_lowrank.py);
+           with factor_bits 8 or 4 its factors go as int8/int4 blocks
+           (DiLoCoX's "low rank + int4").
   topk     SparseLoCo: the k largest |x|, each as 2 bits (sign, and which of
            two per-leaf magnitudes); with topk_chunk > 0, per chunk of that
            many entries, indices inside the chunk (compress_topk.py).
@@ -47,10 +49,12 @@ class CompressionSpec:
   """What a worker's codec is (config.diloco.compression*)."""
   name: str = "none"            # none | int8 | int4 | e3m0 | lowrank | topk
   error_feedback: bool = False
-  block_size: int = 256         # int8/int4/e3m0: values per float32 scale
+  block_size: int = 256         # int8/int4/e3m0, lowrank's int factors:
+                                # values per float32 scale
   rank_min: int = 1             # lowrank
   rank_max: int = 32            # lowrank (clipped to min(m, n))
   energy: float = 0.9           # lowrank: share of |x|^2 kept; 1 = rank_max
+  factor_bits: int = 0          # lowrank: 0 = float32 factors; 8 or 4 = int
   topk_fraction: float = 0.01   # topk: share of entries kept (at least 1)
   topk_chunk: int = 0           # topk: entries per chunk; 0 = whole leaf
   feedback_decay: float = 1.0   # error feedback: residual scale, (0, 1]
@@ -67,6 +71,7 @@ def spec_from_config(diloco_config) -> CompressionSpec:
       rank_min=int(get("compression_rank_min", d.rank_min)),
       rank_max=int(get("compression_rank_max", d.rank_max)),
       energy=float(get("compression_energy", d.energy)),
+      factor_bits=int(get("compression_factor_bits", d.factor_bits)),
       topk_fraction=float(get("compression_topk_fraction", d.topk_fraction)),
       topk_chunk=int(get("compression_topk_chunk", d.topk_chunk)),
       feedback_decay=float(get("error_feedback_decay", d.feedback_decay)))
@@ -315,25 +320,46 @@ class _ChunkedTopKCodec(Codec):
 
 class _LowRankCodec(Codec):
   """PowerSGD with an adaptive rank; its functions are in compress_lowrank.py.
-  State: the warm start, per leaf of ndim >= 2."""
+  State: the warm start, per leaf of ndim >= 2. With factor_bits, each
+  factor column goes through the int8/int4 block codec below (the error
+  feedback then also keeps what the factors' rounding lost)."""
   stateful = True
+
+  @property
+  def _factor_codec(self) -> Codec | None:
+    bits = self.spec.factor_bits
+    return {8: _IntCodec, 4: _Int4Codec}[bits](self.spec) if bits else None
 
   def init_state(self, x):
     return lowrank.init_state(x.shape, self.spec.rank_max)
 
   def encode(self, x, state):
-    return lowrank.encode(x, state, self.spec.rank_min, self.spec.energy)
+    payload, state = lowrank.encode(x, state, self.spec.rank_min,
+                                    self.spec.energy)
+    if self._factor_codec:
+      payload = lowrank.quantize_factors(payload, self._factor_codec)
+    return payload, state
 
   def decode(self, payload, shape):
+    if self._factor_codec:
+      payload = lowrank.dequantize_factors(payload, self._factor_codec)
     return lowrank.decode(payload, shape)
 
   def payload_bytes(self, payload, shape):
+    if self._factor_codec:
+      return lowrank.quantized_payload_bytes(payload, shape,
+                                             self._factor_codec)
     return lowrank.payload_bytes(payload, shape)
 
   def trim(self, payload):
+    if self._factor_codec:
+      return lowrank.trim_quantized(payload, self._factor_codec)
     return lowrank.trim(payload)
 
   def untrim(self, trimmed, shape):
+    if self._factor_codec:
+      return lowrank.untrim_quantized(trimmed, shape, self.spec.rank_max,
+                                      self._factor_codec)
     return lowrank.untrim(trimmed, shape, self.spec.rank_max)
 
 
@@ -353,6 +379,9 @@ def make_codec(spec: CompressionSpec) -> Codec:
   if not (0 < spec.energy <= 1 and 0 < spec.topk_fraction <= 1):
     raise ValueError(f"energy ({spec.energy}) and topk_fraction "
                      f"({spec.topk_fraction}) must be in (0, 1]")
+  if spec.factor_bits not in (0, 4, 8):
+    raise ValueError(f"factor_bits must be 0 (float32), 8 or 4 (got "
+                     f"{spec.factor_bits})")
   if spec.topk_chunk < 0:
     raise ValueError(f"topk_chunk must be >= 0 (got {spec.topk_chunk})")
   if not 0 < spec.feedback_decay <= 1:

@@ -1,4 +1,5 @@
-"""Low-rank compression of one leaf (PowerSGD), with an adaptive rank.
+"""Low-rank compression of one leaf (PowerSGD), with an adaptive rank and,
+optionally, integer factors (the end of this file).
 
 A leaf of ndim >= 2 is viewed as the matrix M [m, n] closest to square, and
 approximated by one power iteration from the previous round's right factor
@@ -147,4 +148,87 @@ def untrim(trimmed, shape, rank_max: int) -> dict:
     for key in ("p", "q"):
       f = np.asarray(trimmed[key])
       payload[key] = np.pad(f, ((0, 0), (0, width - f.shape[1])))
+  return payload
+
+
+# With integer factors (compress.py's factor_bits: DiLoCoX's "low rank +
+# int4"), each factor column [m] goes through the int8/int4 block codec
+# (`int_codec`, compress.py) on its own, so that no block straddles two
+# columns and the wire can cut the columns past the rank: payload
+# {f}_code [R, m] int8 and {f}_scale [R, ceil(m / block)] float32 for f in
+# p, q, and the rank. Columns past the rank are zero, so are their codes.
+# The codec's rounding of the factors is part of what the error feedback
+# keeps.
+
+
+def quantize_factors(payload, int_codec) -> dict:
+  if "x" in payload:
+    return payload
+  out = {"rank": payload["rank"]}
+  for key in ("p", "q"):
+    coded = jax.vmap(lambda col: int_codec.encode(col, {})[0])(payload[key].T)
+    out[f"{key}_code"], out[f"{key}_scale"] = coded["code"], coded["scale"]
+  return out
+
+
+def dequantize_factors(payload, int_codec) -> dict:
+  """The float32 factors p [m, R], q [n, R] of a quantized payload."""
+  if "x" in payload:
+    return payload
+  out = {"rank": payload["rank"]}
+  for key in ("p", "q"):
+    length = payload[f"{key}_code"].shape[1]
+    columns_RxM = jax.vmap(lambda code, scale: int_codec.decode(
+        {"code": code, "scale": scale}, (length,)))(
+            payload[f"{key}_code"], payload[f"{key}_scale"])
+    out[key] = columns_RxM.T
+  return out
+
+
+def quantized_payload_bytes(payload, shape, int_codec):
+  """Per factor, r columns of codes (int_codec.bits each, the r columns
+  packed together) and their scales; + 4 bytes for r."""
+  mn = matrix_shape(shape)
+  if mn is None:
+    return jnp.float32(4 * math.prod(shape))
+  r = payload["rank"].astype(jnp.float32)
+  block = int_codec.spec.block_size
+  total = jnp.float32(4)
+  for length in mn:
+    total += (jnp.ceil(r * length * int_codec.bits / 8)
+              + 4 * r * -(-length // block))
+  return total
+
+
+def trim_quantized(payload, int_codec) -> dict:
+  """Eager: the first `rank` columns of each factor, codes packed by the
+  int codec's own `trim` (4-bit codes two a byte)."""
+  if "x" in payload:
+    return {"x": np.asarray(payload["x"])}
+  r = int(payload["rank"])
+  trimmed = {"rank": np.int32(r)}
+  for key in ("p", "q"):
+    wire = int_codec.trim({
+        "code": np.asarray(payload[f"{key}_code"])[:r].reshape(-1),
+        "scale": np.asarray(payload[f"{key}_scale"])[:r]})
+    trimmed[f"{key}_code"], trimmed[f"{key}_scale"] = (wire["code"],
+                                                       wire["scale"])
+  return trimmed
+
+
+def untrim_quantized(trimmed, shape, rank_max: int, int_codec) -> dict:
+  """trim_quantized's inverse: the static-shape payload, zero columns back."""
+  if "x" in trimmed:
+    return dict(trimmed)
+  mn = matrix_shape(shape)
+  width = num_columns(*mn, rank_max)
+  r = int(trimmed["rank"])
+  payload = {"rank": np.int32(r)}
+  for key, length in zip(("p", "q"), mn):
+    scale = np.asarray(trimmed[f"{key}_scale"])
+    code = int_codec.untrim({"code": trimmed[f"{key}_code"], "scale": scale},
+                            (r * length,))["code"]
+    pad = ((0, width - r), (0, 0))
+    payload[f"{key}_code"] = np.pad(np.asarray(code).reshape(r, length), pad)
+    payload[f"{key}_scale"] = np.pad(scale.reshape(r, -1), pad)
   return payload

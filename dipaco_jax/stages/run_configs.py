@@ -77,6 +77,7 @@ _SPEED_FIELDS = ("loss_chunk", "fp8")
 _COMM_FIELDS = ("delay", "compression", "error_feedback",
                 "compression_block_size", "compression_rank_min",
                 "compression_rank_max", "compression_energy",
+                "compression_factor_bits",
                 "compression_topk_fraction", "compression_topk_chunk",
                 "error_feedback_decay", "per_slot", "overlap_steps")
 
