@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 
 ARMS = ("diloco_x8", "one_round", "eager", "int4_ef", "e3m0", "lowrank_ef",
-        "topk_ef", "overlap_tau5", "overlap_tau5_int4_ef", "one_round_best")
+        "lowrank_int4_ef", "topk_ef", "overlap_tau5", "overlap_tau5_int4_ef",
+        "one_round_best")
 # Arms named with a delay: never the combined arm's compressor.
 _DELAYS = ("one_round", "eager", "overlap", "lookahead")
 # A DiPaCo results.json's model of record (report.py's name for it).
