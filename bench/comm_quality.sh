@@ -8,7 +8,9 @@
 #   e3m0          4-bit float, no error feedback
 #   lowrank_ef    adaptive low rank (energy 0.9, rank 1-2) + error feedback
 #   lowrank_int4_ef  low rank 20 with int4 factors (DiLoCoX's low rank +
-#                 int4) + error feedback: 118x fewer bytes
+#                 int4) + error feedback decayed by 0.9 a round (SparseLoCo's
+#                 accumulator: bounded, where plain feedback let the float
+#                 low rank diverge in session 14): 118x fewer bytes
 #   topk_ef       chunked top-k, 64 of every 4096 entries, 2-bit values +
 #                 error feedback (SparseLoCo's layout)
 #   overlap_tau5          the outer step 5 of H = 50 inner steps late
@@ -54,7 +56,7 @@ declare -A ARMS=(
   [int4_ef]="$int4"
   [e3m0]="$d.compression=e3m0"
   [lowrank_ef]="$d.compression=lowrank $d.error_feedback=True $d.compression_rank_max=2"
-  [lowrank_int4_ef]="$d.compression=lowrank $d.error_feedback=True $d.compression_rank_max=20 $d.compression_energy=1.0 $d.compression_factor_bits=4"
+  [lowrank_int4_ef]="$d.compression=lowrank $d.error_feedback=True $d.compression_rank_max=20 $d.compression_energy=1.0 $d.compression_factor_bits=4 $d.error_feedback_decay=0.9"
   [topk_ef]="$d.compression=topk $d.error_feedback=True $d.compression_topk_fraction=0.015625 $d.compression_topk_chunk=4096"
   [overlap_tau5]="$d.delay=overlap $d.overlap_steps=5"
   [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $int4"
