@@ -14,6 +14,13 @@ setup_arms() {  # log name, config, default MAX_CHARS, then more flags
   mkdir -p "$out" "$work" "$arms"
   export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes, one GPU
   log="$out/$1.log"
+  # PRIOR=ARMS.tgz: the arms an earlier call finished (its OUT/arms.tgz,
+  # brought back with the working tree), kept as if run here; the device
+  # may be a fresh machine, whose stages `share` rebuilds.
+  if [[ -n "${PRIOR:-}" ]]; then
+    tar xzf "$PRIOR" -C "$arms" --skip-old-files \
+      || echo "!!! PRIOR $PRIOR unreadable" >> "$log"
+  fi
   local sp
   sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   common=(--config="$2" --config.data.corpus=text_files
@@ -23,7 +30,9 @@ setup_arms() {  # log name, config, default MAX_CHARS, then more flags
 # The scripts resume: run the same command again (e.g. in the next device
 # call on the same machine, after a `timeout`) and each arm that wrote its
 # results is skipped, and an arm cut short resumes from its checkpoints
-# (main.py's exact resume; ckpt.every of the config).
+# (main.py's exact resume; ckpt.every of the config). On another machine,
+# pass the last call's OUT/arms.tgz as PRIOR: each finished arm is packed
+# into it at once, so a call cut by `timeout` still returns them.
 run() {  # name, then extra main.py flags
   local name=$1; shift
   if [[ -f "$arms/$name.json" ]]; then
@@ -39,12 +48,40 @@ run() {  # name, then extra main.py flags
       "$arms/$name.metrics.jsonl" 2>/dev/null && break
   done
   echo "=== $name done ($(date -u +%H:%M:%S))" >> "$log"
+  pack
+}
+pack() {  # $arms into $out/arms.tgz, one lane at a time, replaced whole
+  ( flock 9
+    tar czf "$out/arms.tgz.part" -C "$arms" . \
+      && mv "$out/arms.tgz.part" "$out/arms.tgz" ) 9> "$work/.pack.lock"
 }
 share() {  # reuse the data and the dense base of run $1 in run $2
+  local src
+  [[ -f "$arms/$2.json" ]] && return  # kept: run $2 will not train
+  src=$(stages_of "$1")
   for p in data runs/base shards/base; do
     [[ -e "$work/$2/$p" ]] && continue  # shared by an earlier call
-    mkdir -p "$work/$2/$(dirname $p)"; cp -r "$work/$1/$p" "$work/$2/$p"
+    mkdir -p "$work/$2/$(dirname $p)"; cp -r "$work/$src/$p" "$work/$2/$p"
   done
+}
+# Where the shared stages are: run $1's folder, or, where $1's results came
+# from PRIOR (its folder is on another machine), $work/_stages, built once
+# by a 1-step run (H = 1) of the same config and flags: the same data (tokenized
+# on the CPU, exactly), and a base of the same seed and schedule, equal up
+# to the GPU's non-determinism (BUILD_NOTES: about 0.5% of perplexity
+# between two runs of one command).
+stages_of() {
+  if [[ -e "$work/$1/runs/base" || ! -f "$arms/$1.json" ]]; then
+    echo "$1"; return
+  fi
+  if [[ ! -e "$work/_stages/runs/base" ]]; then
+    echo "=== stages rebuilt for the kept arms ($(date -u +%H:%M:%S))" >> "$log"
+    on_gpu 0 python3 -m dipaco_jax.main --workdir="$work/_stages" \
+      "${common[@]}" --config.train.num_steps=1 \
+      --config.diloco.inner_steps=1 > "$work/_stages.log" 2>&1 \
+      || echo "!!! stages failed: $work/_stages.log" >> "$log"
+  fi
+  echo _stages
 }
 on_gpu() {  # lane index, then a command: the command on that lane's GPU
   local lane=$1; shift

@@ -38,7 +38,9 @@
 # ~25 min on one H100 for the seven arms of session 11 (11 arms now); about 8 min with
 # STEPS=1500 MAX_CHARS=200000000. Longer than a device call allows: run
 # the same command again on the same machine (under `timeout`), and it
-# goes on where the last call stopped (comm_arms_lib.sh).
+# goes on where the last call stopped; on a fresh machine, add
+# PRIOR=<the last call's OUT/arms.tgz> to keep the arms it finished
+# (comm_arms_lib.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}; work=${2:-/tmp/comm_quality}
