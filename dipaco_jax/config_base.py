@@ -152,33 +152,33 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.outer_momentum = 0.9
   c.diloco.weight_by_shard_size = True  # Paper Eq. 2-3.
   c.diloco.rescale_by_sqrt_users = False  # Paper section 2.7 (multiply).
-  # DiLoCoX communication (diloco/comm.py, comm_step.py, compress.py). The
-  # defaults are plain DiLoCo/DiPaCo and leave the run's settings hash as
-  # it was before these fields existed (stages/run_configs.py).
+  # DiLoCoX communication (diloco/comm.py, compress.py). The defaults are
+  # plain DiLoCo/DiPaCo, hashed as before these fields existed.
   # none | one_round | lookahead | eager | overlap
   c.diloco.delay = "none"
   # tau of delay=overlap (Streaming DiLoCo, diloco/overlap_step.py): the
   # outer step of the round ending at step (k+1)H is applied tau inner
-  # steps later, 1 <= tau <= H (tau = H is one_round's rule). Needed, and
-  # allowed, only with delay=overlap: 0 = not used, so no default tau
-  # hides in a run's hash.
+  # steps later, 1 <= tau <= H (tau = H is one_round's rule); 0 = not
+  # used (only delay=overlap takes it), so no default tau is hashed.
   c.diloco.overlap_steps = 0
   c.diloco.compression = "none"  # none | int8 | int4 | e3m0 | lowrank | topk
   c.diloco.error_feedback = False  # Keep what compression drops, per worker.
   c.diloco.compression_block_size = 256  # int codes (factors too): per scale.
-  c.diloco.compression_rank_min = 1  # lowrank: the adaptive rank's bounds,
-  c.diloco.compression_rank_max = 32  # the share of its rank_max
-  c.diloco.compression_energy = 0.9  # approximation's energy kept, and its
-  c.diloco.compression_factor_bits = 0  # factors: 0 float32, 8/4 int (DiLoCoX).
+  # lowrank: the adaptive rank's bounds, the share of its rank_max
+  # approximation's energy kept, and its factors' bits (0 = float32; 8 or
+  # 4 = int blocks, DiLoCoX's low rank + int4).
+  c.diloco.compression_rank_min = 1
+  c.diloco.compression_rank_max = 32
+  c.diloco.compression_energy = 0.9
+  c.diloco.compression_factor_bits = 0
   c.diloco.compression_topk_fraction = 0.01  # topk: share of entries sent.
-  # topk per chunk of this many entries, indices inside it (SparseLoCo:
-  # 4096, 12-bit indices); 0 = one top-k over the whole leaf, 32-bit.
+  # topk per chunk (indices inside it; SparseLoCo: 4096, 12-bit); 0 = one
+  # top-k over the whole leaf, 32-bit indices.
   c.diloco.compression_topk_chunk = 0
   # SparseLoCo's accumulator e <- decay * e + delta; 1 = plain feedback.
   c.diloco.error_feedback_decay = 1.0
-  # Per-slot overrides, "SELECTOR=key:value+key:value;...", a selector
-  # being a slot's name or kind (shared | level | private), e.g.
-  # "level=compression:int8;shared=delay:none" (diloco/comm.py).
+  # Per-slot overrides "SELECTOR=key:value+key:value;..." by a slot's name
+  # or kind (shared | level | private), e.g. "level=compression:int8".
   c.diloco.per_slot = ""
 
   # --- Training -----------------------------------------------------------

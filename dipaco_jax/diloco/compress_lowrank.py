@@ -162,6 +162,7 @@ def untrim(trimmed, shape, rank_max: int) -> dict:
 
 
 def quantize_factors(payload, int_codec) -> dict:
+  """A float32-factor payload (`encode`'s) with each factor coded."""
   if "x" in payload:
     return payload
   out = {"rank": payload["rank"]}
