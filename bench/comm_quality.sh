@@ -64,8 +64,9 @@ declare -A ARMS=(
   [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $int4"
 )
 on_gpu 0 run diloco_x8
-# lowrank_int4_ef last: rank 20 hangs the CPU runtime (BUILD_NOTES, known
-# limits; not yet tried on a GPU), and an arm that hangs holds its batch.
+# lowrank_int4_ef last: rank >= 8 hangs on one CPU device (BUILD_NOTES,
+# known limits; rank 20 not yet tried on a GPU), and an arm that hangs
+# holds its batch.
 run_lanes one_round int4_ef lowrank_ef eager e3m0 topk_ef overlap_tau5 \
   overlap_tau5_int4_ef lowrank_int4_ef
 best=$(python3 bench/comm_table.py "$arms" --choose)
