@@ -53,6 +53,33 @@ def init_q(n: int, r: int) -> np.ndarray:
   return np.linalg.qr(g_NxR)[0].astype(np.float32)
 
 
+def orthonormalize(a_MxR):
+  """Orthonormal columns spanning a's, column by column: classical
+  Gram-Schmidt applied twice ("CGS2", as stable as Householder for these
+  few columns), as PowerSGD orthogonalizes. A column that depends on the
+  earlier ones comes out zero, which power_step handles.
+
+  Not jnp.linalg.qr: the CPU's LAPACK QR of a batch of these matrices
+  (one per worker, under vmap) splits its batch over the intra-op thread
+  pool and waits for it from inside that pool; two of them at once on a
+  2-core machine deadlock the whole program (jaxlib 0.10.2, BUILD_NOTES
+  "A hang"). These are plain matmuls on every backend.
+  """
+  r = a_MxR.shape[1]
+  def add_column(j, q_MxR):
+    earlier_1xR = (jnp.arange(r) < j)[None, :]
+    basis_MxR = jnp.where(earlier_1xR, q_MxR, 0.0)
+    v_M = jax.lax.dynamic_index_in_dim(a_MxR, j, axis=1, keepdims=False)
+    for _ in range(2):  # the second pass removes what rounding left
+      v_M = v_M - jnp.matmul(
+          basis_MxR, jnp.matmul(basis_MxR.T, v_M, precision=_HIGHEST),
+          precision=_HIGHEST)
+    norm = jnp.linalg.norm(v_M)
+    v_M = jnp.where(norm > 0, v_M / jnp.where(norm > 0, norm, 1.0), 0.0)
+    return jax.lax.dynamic_update_index_in_dim(q_MxR, v_M, j, axis=1)
+  return jax.lax.fori_loop(0, r, add_column, jnp.zeros_like(a_MxR))
+
+
 def adaptive_rank(sigma2_R, rank_min: int, energy: float):
   """The smallest rank whose (descending) squared singular values keep a
   share `energy` of their sum, within [rank_min, R]: int32, traced.
@@ -73,7 +100,7 @@ def power_step(m_MxN, q_NxR, rank_min: int, energy: float):
   `rank` zeroed, so that decode(p, q) = p q^T is the rank-`rank`
   approximation; and the next warm start, all R columns.
   """
-  p_MxR = jnp.linalg.qr(jnp.matmul(m_MxN, q_NxR, precision=_HIGHEST))[0]
+  p_MxR = orthonormalize(jnp.matmul(m_MxN, q_NxR, precision=_HIGHEST))
   q_new_NxR = jnp.matmul(m_MxN.T, p_MxR, precision=_HIGHEST)
   gram_RxR = jnp.matmul(q_new_NxR.T, q_new_NxR, precision=_HIGHEST)
   sigma2_R, v_RxR = jnp.linalg.eigh(gram_RxR)  # ascending
