@@ -74,14 +74,17 @@ stages_of() {
   if [[ -e "$work/$1/runs/base" || ! -f "$arms/$1.json" ]]; then
     echo "$1"; return
   fi
-  if [[ ! -e "$work/_stages/runs/base" ]]; then
-    echo "=== stages rebuilt for the kept arms ($(date -u +%H:%M:%S))" >> "$log"
-    on_gpu 0 python3 -m dipaco_jax.main --workdir="$work/_stages" \
-      "${common[@]}" --config.train.num_steps=1 \
-      --config.diloco.inner_steps=1 > "$work/_stages.log" 2>&1 \
-      || echo "!!! stages failed: $work/_stages.log" >> "$log"
-  fi
+  build_stages >&2
   echo _stages
+}
+build_stages() {  # the data and the dense base, once, into $work/_stages
+  [[ -e "$work/_stages/runs/base" ]] && return
+  echo "=== stages: data and base ($(date -u +%H:%M:%S))" >> "$log"
+  on_gpu 0 python3 -m dipaco_jax.main --workdir="$work/_stages" \
+    "${common[@]}" --config.train.num_steps=1 \
+    --config.diloco.inner_steps=1 > "$work/_stages.log" 2>&1 \
+    || echo "!!! stages failed: $work/_stages.log" >> "$log"
+  echo "=== stages done ($(date -u +%H:%M:%S))" >> "$log"
 }
 on_gpu() {  # lane index, then a command: the command on that lane's GPU
   local lane=$1; shift

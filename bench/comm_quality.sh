@@ -34,7 +34,7 @@
 #        bash bench/comm_quality.sh OUT_DIR [WORK_DIR]
 # LANES arms train at once on the one GPU (small models leave it idle
 # between kernels); with GPUS=0,1,2,3 they spread over those GPUs instead
-# (bench/comm_arms_lib.sh), e.g. LANES=8 for two arms a GPU. Expected:
+# (bench/comm_arms_lib.sh), e.g. LANES=10 for all ten at once on 4 GPUs. Expected:
 # ~25 min on one H100 for the seven arms of session 11 (11 arms now); about 8 min with
 # STEPS=1500 MAX_CHARS=200000000. Longer than a device call allows: run
 # the same command again on the same machine (under `timeout`), and it
@@ -63,15 +63,14 @@ declare -A ARMS=(
   [overlap_tau5]="$d.delay=overlap $d.overlap_steps=5"
   [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $int4"
 )
-on_gpu 0 run diloco_x8
-# lowrank_int4_ef last: ranks 8 and 20 hang on one CPU device (BUILD_NOTES,
-# known limits; rank 20 not yet tried on a GPU), and an arm that hangs
-# holds its batch.
-run_lanes one_round int4_ef lowrank_ef eager e3m0 topk_ef overlap_tau5 \
-  overlap_tau5_int4_ef lowrank_int4_ef
+# The data and the base first (a 1-step run), then every arm, DiLoCo x8
+# among them, from that one base: with LANES=10 and 4 GPUs, all at once.
+build_stages
+base=_stages run_lanes diloco_x8 one_round int4_ef lowrank_ef eager e3m0 \
+  topk_ef overlap_tau5 overlap_tau5_int4_ef lowrank_int4_ef
 best=$(python3 bench/comm_table.py "$arms" --choose)
 echo "=== combined arm: one_round + $best" >> "$log"
-share diloco_x8 one_round_best
+share _stages one_round_best
 # shellcheck disable=SC2086
 on_gpu 0 run one_round_best ${ARMS[one_round]} ${ARMS[$best]}
 python3 bench/comm_table.py "$arms" > "$out/summary.md"
