@@ -2,7 +2,7 @@
 # Which XLA:GPU flags move the inner step at the paper's path shape
 # (issue 12 asks for "XLA GPU flags that help, stating which and why").
 #   [GPUS=0,1,2,3] [STEPS=10] [ARGS="more step_throughput flags"] \
-#     bash bench/xla_flags.sh OUT
+#     [NAMES="lhs exhaustive"] bash bench/xla_flags.sh OUT
 # Runs bench/step_throughput.py (--paths=1 --no_plain, batch 16) once per
 # flag set below, each in its own process with that XLA_FLAGS, spread over
 # GPUS (one set per GPU at a time; busy neighbours cost nothing:
@@ -30,7 +30,8 @@ declare -A flags=(
   [lhs]="--xla_gpu_enable_latency_hiding_scheduler=true"
   [exhaustive]="--xla_gpu_exhaustive_tiling_search=true"
 )
-names=(cublaslt cudnn_gemm2 triton_any no_triton lhs exhaustive)
+read -r -a names <<< \
+  "${NAMES:-cublaslt cudnn_gemm2 triton_any no_triton lhs exhaustive}"
 one() {  # name, GPU, flags
   XLA_FLAGS="$3" CUDA_VISIBLE_DEVICES=$2 python3 bench/step_throughput.py \
     --paths=1 --no_plain --batch=16 "--steps=${STEPS:-10}" ${ARGS:-} \
