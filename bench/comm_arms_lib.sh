@@ -14,18 +14,49 @@ setup_arms() {  # log name, config, default MAX_CHARS, then more flags
   mkdir -p "$out" "$work" "$arms"
   export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes, one GPU
   log="$out/$1.log"
-  # PRIOR=ARMS.tgz: the arms an earlier call finished (its OUT/arms.tgz,
-  # brought back with the working tree), kept as if run here; the device
-  # may be a fresh machine, whose stages `share` rebuilds.
-  if [[ -n "${PRIOR:-}" ]]; then
-    tar xzf "$PRIOR" -C "$arms" --skip-old-files \
-      || echo "!!! PRIOR $PRIOR unreadable" >> "$log"
-  fi
   local sp
   sp=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   common=(--config="$2" --config.data.corpus=text_files
           "--config.data.text_glob=$sp/**/*.py"
           --config.data.max_corpus_chars=${MAX_CHARS:-$3} "${@:4}")
+  keep_only_this_code
+  # PRIOR=ARMS.tgz: the arms an earlier call finished (its OUT/arms.tgz,
+  # brought back with the working tree), kept as if run here if they come
+  # from this code and these flags; the device may be a fresh machine,
+  # whose stages `share` rebuilds.
+  if [[ -n "${PRIOR:-}" ]]; then
+    local prior_dir="$work/_prior"
+    rm -rf "$prior_dir"; mkdir -p "$prior_dir"
+    if ! tar xzf "$PRIOR" -C "$prior_dir"; then
+      echo "!!! PRIOR $PRIOR unreadable: ignored" >> "$log"
+    elif [[ "$(cat "$prior_dir/.stamp" 2>/dev/null)" != "$stamp" ]]; then
+      echo "!!! PRIOR $PRIOR comes from other code or flags: ignored" >> "$log"
+    else
+      cp -rn "$prior_dir/." "$arms/"
+    fi
+    rm -rf "$prior_dir"
+  fi
+}
+# What the arms' results depend on: the package's code, the script's and
+# this file's commands (comments aside) and the shared flags. WORK_DIR and
+# every arms.tgz carry it as .stamp. A WORK_DIR stamped otherwise, or
+# holding anything without a stamp (a device's /tmp can outlive a session:
+# BUILD_NOTES), is moved aside whole, so that no arm resumes or keeps
+# results of other code.
+keep_only_this_code() {
+  stamp=$( (find dipaco_jax -name '*.py' | LC_ALL=C sort | xargs cat
+            grep -hv '^[[:space:]]*#' "bench/$(basename "$0")" \
+              bench/comm_arms_lib.sh
+            printf '%s\n' "${common[@]}") | sha256sum | cut -c1-16)
+  local found
+  found=$(cat "$work/.stamp" 2>/dev/null)
+  if [[ "$found" != "$stamp" && -n "$(ls -A "$work/arms")$(ls "$work" | grep -vx arms)" ]]; then
+    local aside
+    aside="$work.stale-$(date -u +%Y%m%dT%H%M%S)"
+    mv "$work" "$aside"; mkdir -p "$arms"
+    echo "=== $work held runs of other code or flags (stamp '${found:-none}'): moved to $aside" >> "$log"
+  fi
+  echo "$stamp" > "$work/.stamp"; cp "$work/.stamp" "$arms/.stamp"
 }
 # The scripts resume: run the same command again (e.g. in the next device
 # call on the same machine, after a `timeout`) and each arm that wrote its
@@ -71,6 +102,7 @@ share() {  # reuse the data and the dense base of run $1 in run $2
 # to the GPU's non-determinism (BUILD_NOTES: about 0.5% of perplexity
 # between two runs of one command).
 stages_of() {
+  if [[ "$1" == _stages ]]; then build_stages >&2; echo _stages; return; fi
   if [[ -e "$work/$1/runs/base" || ! -f "$arms/$1.json" ]]; then
     echo "$1"; return
   fi

@@ -40,7 +40,8 @@
 # the same command again on the same machine (under `timeout`), and it
 # goes on where the last call stopped; on a fresh machine, add
 # PRIOR=<the last call's OUT/arms.tgz> to keep the arms it finished
-# (comm_arms_lib.sh).
+# (comm_arms_lib.sh). Both keep only arms of the same code and flags: a
+# WORK_DIR of other code is moved aside whole, such a PRIOR ignored.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}; work=${2:-/tmp/comm_quality}
@@ -63,9 +64,9 @@ declare -A ARMS=(
   [overlap_tau5]="$d.delay=overlap $d.overlap_steps=5"
   [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $int4"
 )
-# The data and the base first (a 1-step run), then every arm, DiLoCo x8
-# among them, from that one base: with LANES=10 and 4 GPUs, all at once.
-build_stages
+# The data and the base first (a 1-step run, only if an arm is to train),
+# then every arm, DiLoCo x8 among them, from that one base: with LANES=10
+# and 4 GPUs, all at once.
 base=_stages run_lanes diloco_x8 one_round int4_ef lowrank_ef eager e3m0 \
   topk_ef overlap_tau5 overlap_tau5_int4_ef lowrank_int4_ef
 best=$(python3 bench/comm_table.py "$arms" --choose)
