@@ -95,8 +95,9 @@ share() {  # reuse the data and the dense base of run $1 in run $2
     mkdir -p "$work/$2/$(dirname $p)"; cp -r "$work/$src/$p" "$work/$2/$p"
   done
 }
-# Where the shared stages are: run $1's folder, or, where $1's results came
-# from PRIOR (its folder is on another machine), $work/_stages, built once
+# Where the shared stages are: run $1's folder, or, where $1 is _stages
+# itself (comm_quality.sh) or $1's results came from PRIOR (its folder is
+# on another machine), $work/_stages, built once
 # by a 1-step run (H = 1) of the same config and flags: the same data (tokenized
 # on the CPU, exactly), and a base of the same seed and schedule, equal up
 # to the GPU's non-determinism (BUILD_NOTES: about 0.5% of perplexity

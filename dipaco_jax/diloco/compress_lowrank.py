@@ -56,8 +56,9 @@ def init_q(n: int, r: int) -> np.ndarray:
 def orthonormalize(a_MxR):
   """Orthonormal columns spanning a's, column by column: classical
   Gram-Schmidt applied twice ("CGS2", as stable as Householder for these
-  few columns), as PowerSGD orthogonalizes. A column that depends on the
-  earlier ones comes out zero, which power_step handles.
+  few columns), as PowerSGD orthogonalizes. A column that is exactly a
+  combination of the earlier ones (a zero contribution, say) comes out
+  zero, which power_step handles.
 
   Not jnp.linalg.qr: the CPU's LAPACK QR of a batch of these matrices
   (one per worker, under vmap) splits its batch over the intra-op thread
