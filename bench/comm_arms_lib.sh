@@ -44,16 +44,17 @@ setup_arms() {  # log name, config, default MAX_CHARS, then more flags
 # BUILD_NOTES), is moved aside whole, so that no arm resumes or keeps
 # results of other code.
 keep_only_this_code() {
+  local script="$0"  # as invoked, or by its name where a `cd` moved us
+  [[ -f "$script" ]] || script="bench/$(basename "$0")"
   stamp=$( (find dipaco_jax -name '*.py' | LC_ALL=C sort | xargs cat
-            grep -hv '^[[:space:]]*#' "bench/$(basename "$0")" \
-              bench/comm_arms_lib.sh
+            grep -hv '^[[:space:]]*#' "$script" bench/comm_arms_lib.sh
             printf '%s\n' "${common[@]}") | sha256sum | cut -c1-16)
   local found
   found=$(cat "$work/.stamp" 2>/dev/null)
   if [[ "$found" != "$stamp" && -n "$(ls -A "$work/arms")$(ls "$work" | grep -vx arms)" ]]; then
     local aside
     aside="$work.stale-$(date -u +%Y%m%dT%H%M%S)"
-    mv "$work" "$aside"; mkdir -p "$arms"
+    mv "$work" "$aside"; mkdir -p "$arms" "$out"  # $out may lie inside
     echo "=== $work held runs of other code or flags (stamp '${found:-none}'): moved to $aside" >> "$log"
   fi
   echo "$stamp" > "$work/.stamp"; cp "$work/.stamp" "$arms/.stamp"
