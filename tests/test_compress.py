@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -378,3 +379,38 @@ def test_spec_from_config_and_bad_specs():
     compress.make_codec(Spec("fp8"))
   with pytest.raises(ValueError):
     compress.make_codec(Spec("lowrank", rank_min=4, rank_max=2))
+
+
+def _eigh_batch_sizes(hlo: str) -> list[int]:
+  """The batch of every LAPACK eigh call in a lowered CPU module: its
+  operand's leading dims (1 for a lone [R, R] matrix)."""
+  sizes = []
+  for line in hlo.splitlines():
+    call = re.search(r"custom_call @lapack_\w*syevd\w*\(.* : \(tensor<([0-9x]+)"
+                     r"xf32>\)", line)
+    if call:
+      dims = [int(d) for d in call.group(1).split("x")]
+      sizes.append(math.prod(dims[:-2]))
+  return sizes
+
+
+def test_lowrank_calls_lapack_eigh_one_matrix_at_a_time():
+  # jaxlib 0.10's batched CPU eigh deadlocks like QR did: on CPU the
+  # workers' (and any outer) vmap must not batch it.
+  if jax.default_backend() != "cpu":
+    pytest.skip("the CPU lowering is what this checks")
+  codec = _codec("lowrank", rank_max=4, energy=0.9)
+  x_VxWxMxN = jnp.ones((3, 2, 12, 9))
+  state = jax.vmap(jax.vmap(codec.init_state))(x_VxWxMxN)
+  encode = jax.jit(jax.vmap(jax.vmap(codec.encode)))
+  hlo = encode.lower(x_VxWxMxN, state).as_text()
+  assert _eigh_batch_sizes(hlo) and set(_eigh_batch_sizes(hlo)) == {1}
+  # Same results as the batched call, matrix by matrix.
+  rng = np.random.default_rng(5)
+  a_BxRxR = rng.standard_normal((3, 4, 5, 5)).astype(np.float32)
+  gram_BxRxR = jnp.asarray(a_BxRxR @ np.swapaxes(a_BxRxR, -1, -2))
+  mine = jax.jit(jax.vmap(jax.vmap(compress_lowrank.eigh_one_at_a_time)))(
+      gram_BxRxR)
+  theirs = jnp.linalg.eigh(gram_BxRxR)
+  for a, b in zip(mine, theirs):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

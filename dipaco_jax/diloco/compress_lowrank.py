@@ -81,6 +81,39 @@ def orthonormalize(a_MxR):
   return jax.lax.fori_loop(0, r, add_column, jnp.zeros_like(a_MxR))
 
 
+@jax.custom_batching.custom_vmap
+def eigh_one_at_a_time(gram_RxR):
+  """jnp.linalg.eigh of one symmetric matrix that, on CPU, stays one call
+  per matrix under vmap (the workers' axis): each is a LAPACK call of
+  batch 1, in sequence (`lax.map`). Other backends batch it as usual
+  (cuSOLVER's batched kernel has no such problem, and a sequence of small
+  GPU calls would be slow).
+
+  Why: jaxlib 0.10's CPU LAPACK kernels split a batch over XLA's intra-op
+  thread pool and wait for the pieces from inside that pool (jaxlib 0.11.1
+  compiled this path out of its open-source builds). Several batched eigh
+  calls at once (one per leaf) then deadlock a 2-core machine, as batched
+  QR did (BUILD_NOTES "A hang"): measured here with 6 batched eighs of
+  8 x 100 x 100 and of 8 x 200 x 200; the same through `lax.map` finished.
+  The matrices are [R, R] with R = rank_max: a sequence costs nothing.
+  """
+  sigma2_R, v_RxR = jnp.linalg.eigh(gram_RxR)
+  return sigma2_R, v_RxR
+
+
+@eigh_one_at_a_time.def_vmap
+def _eigh_vmap(axis_size, in_batched, gram_BxRxR):
+  del axis_size
+  if not in_batched[0]:
+    return eigh_one_at_a_time(gram_BxRxR), (False, False)
+  # The body calls the custom_vmap function again, so an outer vmap
+  # (vmap of vmap) comes back here instead of batching the LAPACK call.
+  return jax.lax.platform_dependent(
+      gram_BxRxR,
+      cpu=lambda g: jax.lax.map(eigh_one_at_a_time, g),
+      default=lambda g: tuple(jnp.linalg.eigh(g))), (True, True)
+
+
 def adaptive_rank(sigma2_R, rank_min: int, energy: float):
   """The smallest rank whose (descending) squared singular values keep a
   share `energy` of their sum, within [rank_min, R]: int32, traced.
@@ -104,7 +137,7 @@ def power_step(m_MxN, q_NxR, rank_min: int, energy: float):
   p_MxR = orthonormalize(jnp.matmul(m_MxN, q_NxR, precision=_HIGHEST))
   q_new_NxR = jnp.matmul(m_MxN.T, p_MxR, precision=_HIGHEST)
   gram_RxR = jnp.matmul(q_new_NxR.T, q_new_NxR, precision=_HIGHEST)
-  sigma2_R, v_RxR = jnp.linalg.eigh(gram_RxR)  # ascending
+  sigma2_R, v_RxR = eigh_one_at_a_time(gram_RxR)  # ascending
   sigma2_R, v_RxR = jnp.maximum(sigma2_R[::-1], 0.0), v_RxR[:, ::-1]
   p_MxR = jnp.matmul(p_MxR, v_RxR, precision=_HIGHEST)
   q_new_NxR = jnp.matmul(q_new_NxR, v_RxR, precision=_HIGHEST)
