@@ -142,3 +142,33 @@ def test_run_summary_adds_up_the_segments_of_a_resumed_run(tmp_path):
   assert summary["train_seconds"] == 10.0
   assert summary["tokens_per_s"] == pytest.approx(1200 / 10.0)
   assert summary["final_loss"] == 1.0 and summary["steps"] == 12
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_guard_checks_each_outer_step_without_waiting_for_the_newest_state(
+    tmp_path, monkeypatch, k):
+  # The guard once read the norm of the loop's newest state at every outer
+  # step, which waits for the device to drain its queue. Now the norm is
+  # measured on the device right after each outer step and read with that
+  # dispatch's metrics: the blocking `param_norm` runs once, for the state
+  # the run starts from (the final save's state was measured already).
+  blocking, measured = [], []
+  param_norm, device_norm = (metrics_lib.param_norm,
+                             metrics_lib.device_param_norm)
+  check_norm = metrics_lib.DivergenceGuard.check_norm
+  monkeypatch.setattr(metrics_lib, "param_norm",
+                      lambda s: blocking.append(1) or param_norm(s))
+  monkeypatch.setattr(metrics_lib, "device_param_norm",
+                      lambda s: measured.append(1) or device_norm(s))
+  checked = []
+  monkeypatch.setattr(
+      metrics_lib.DivergenceGuard, "check_norm",
+      lambda self, step, norm, finite: checked.append(step) or check_norm(
+          self, step, norm, finite))
+  config = _diloco_config(0.7, 0)
+  config.train.steps_per_dispatch = k
+  data = testing.RandomBatches(2, 8, config.data.seq_len)
+  loop.train(testing.tiny_runtime(config), data, str(tmp_path), {}, "x")
+  assert len(blocking) == 1
+  assert checked == [2, 4, 6, 8]
+  assert len(measured) == 4 + 1  # (`param_norm` measures through it too.)

@@ -112,25 +112,30 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   guard = metrics_lib.DivergenceGuard(sync_every, start, state,
                                       outer_offset=sync_lib.lag_steps(sync))
 
-  def drain(done, num_steps_run, device_metrics):
+  def drain(done, num_steps_run, device_metrics, norm_after):
     """The metrics of one dispatch: of step `done`, or [K, W] of the K
-    steps ending there."""
+    steps ending there; `norm_after`: the parameters' (norm, finite) after
+    it, measured when an outer step followed it."""
     host = multihost.to_host(device_metrics)
     if num_steps_run == 1:
-      drain_step(done, host)
+      drain_step(done, host, norm_after)
       return
     for i in range(num_steps_run):
-      drain_step(done - num_steps_run + 1 + i,
-                 {key: np.asarray(v)[i] for key, v in host.items()})
+      step = done - num_steps_run + 1 + i
+      drain_step(step, {key: np.asarray(v)[i] for key, v in host.items()},
+                 norm_after if step == done else None)
 
-  def drain_step(step, host):
+  def drain_step(step, host, norm_after=None):
     nonlocal last_losses
     losses_W = np.asarray(host["loss"])
     guard.check_losses(step, losses_W)
     if guard.outer_step_at(step):
-      # `state` holds that outer step by now. Exploded parameters may show
-      # in the loss only steps later: check them before they train on.
-      guard.check_params(step, state)
+      # Exploded parameters may show in the loss only steps later: check
+      # them as they were right after the outer step.
+      if norm_after is None:  # Not measured then: the newest state.
+        guard.check_params(step, state)
+      else:
+        guard.check_norm(step, float(norm_after[0]), bool(norm_after[1]))
     last_losses = losses_W
     window.append(losses_W)
     if step % c.train.log_every == 0 or step == num_steps:
@@ -208,7 +213,13 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
             for fn in after_outer_step:
               fn(done, state)
         tracer.after(step, n, state)
-        pending.append((done, n, device_metrics))
+        # The guard's norm of the parameters right after an outer step,
+        # dispatched now and read with this dispatch's metrics: reading it
+        # from the newest state instead waited for the device to finish
+        # everything queued, and left it idle once a round.
+        norm_after = (metrics_lib.device_param_norm(state)
+                      if guard.outer_step_at(done) else None)
+        pending.append((done, n, device_metrics, norm_after))
         while len(pending) > c.train.metrics_lag:
           drain(*pending.popleft())
         if ckpt.should_save(done, num_steps):

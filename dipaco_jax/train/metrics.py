@@ -166,11 +166,18 @@ def param_norm(state) -> tuple[float, bool]:
   One jitted reduction: cheap next to a step. Finite parameters above ~1e19
   overflow the float32 norm to inf, which reads as a jump too.
   """
+  norm, finite = device_param_norm(state)
+  return float(norm), bool(finite)
+
+
+def device_param_norm(state):
+  """`param_norm` left on the device: (norm, finite) as device scalars,
+  dispatched after whatever computes `state` and read later, so the host
+  need not wait for the device to drain its queue."""
   params = {"inner": state["inner"]["params"]}
   if "outer" in state:
     params["outer"] = state["outer"]["params"]
-  norm, finite = _norm_and_finite(params)
-  return float(norm), bool(finite)
+  return _norm_and_finite(params)
 
 
 class DivergenceGuard:
@@ -244,7 +251,13 @@ class DivergenceGuard:
     """`state`, the state after step `step` (and its outer step)."""
     if step == self._norm_step:
       return  # This state was checked already.
-    norm, finite = param_norm(state)
+    self.check_norm(step, *param_norm(state))
+
+  def check_norm(self, step: int, norm: float, finite: bool) -> None:
+    """The same check on the norm of the state after step `step`, measured
+    earlier (`device_param_norm`)."""
+    if step == self._norm_step:
+      return
     cause = blame(step, self.outer_step_at(step))
     if not finite:
       raise DivergenceError(f"Non-finite parameters after step {step}; not "
