@@ -11,6 +11,7 @@ import functools
 
 from etils import epath
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax.data import prefetch
@@ -112,10 +113,18 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   guard = metrics_lib.DivergenceGuard(sync_every, start, state,
                                       outer_offset=sync_lib.lag_steps(sync))
 
-  def drain(done, num_steps_run, device_metrics, norm_after):
+  def drain(done, num_steps_run, device_metrics, norm_after, sent_bytes_W):
     """The metrics of one dispatch: of step `done`, or [K, W] of the K
-    steps ending there; `norm_after`: the parameters' (norm, finite) after
-    it, measured when an outer step followed it."""
+    steps ending there; when an outer step followed it, `norm_after`: the
+    parameters' (norm, finite) after that, and `sent_bytes_W`: what each
+    worker's compressed contribution weighed (a low rank's adapts:
+    measured, not computed), or None."""
+    if sent_bytes_W is not None:
+      # A collective with several processes: all read, process 0 logs.
+      sent_W = np.asarray(multihost.to_host(sent_bytes_W))
+      if writes:
+        metrics_lib.append_jsonl(comm_log, {
+            "step": done, "sent_bytes_W": sent_W.tolist()})
     host = multihost.to_host(device_metrics)
     if num_steps_run == 1:
       drain_step(done, host, norm_after)
@@ -179,6 +188,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         profiling.StepTracer(c.train.profile_steps, trace_dir,
                              c.train.profile_python) as tracer:
       for _, (step, n, batch) in batch_iter:
+        sent_bytes_W = None
         tracer.before(step, n)
         if n == 1:
           state, device_metrics = runtime.inner_step(state, batch)
@@ -194,14 +204,10 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         if sync_every and done % sync_every == 0:
           state = _sync_round(sync, done // sync_every - 1, state)
           if "sent_bytes_W" in state["inner"]:
-            # What each worker's compressed contribution weighed this
-            # round (a low rank's adapts): measured, not computed. A
-            # collective with several processes: all read, process 0 logs.
-            sent_W = np.asarray(multihost.to_host(
-                state["inner"]["sent_bytes_W"]))
-            if writes:
-              metrics_lib.append_jsonl(comm_log, {
-                  "step": done, "sent_bytes_W": sent_W.tolist()})
+            # Logged when this dispatch drains: reading it now would wait
+            # for the outer step. A copy, since the next dispatch donates
+            # the state's own buffer.
+            sent_bytes_W = jnp.copy(state["inner"]["sent_bytes_W"])
           if done == num_steps:
             # A delayed synchronizer's open rounds, before the final save.
             state = sync_lib.finish_remaining(sync, done // sync_every - 1,
@@ -219,7 +225,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         # everything queued, and left it idle once a round.
         norm_after = (metrics_lib.device_param_norm(state)
                       if guard.outer_step_at(done) else None)
-        pending.append((done, n, device_metrics, norm_after))
+        pending.append((done, n, device_metrics, norm_after, sent_bytes_W))
         while len(pending) > c.train.metrics_lag:
           drain(*pending.popleft())
         if ckpt.should_save(done, num_steps):
