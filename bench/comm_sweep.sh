@@ -51,8 +51,15 @@
 #   overlap_tau10         tau = 10
 #   overlap_tau25         tau = 25
 #   overlap_tau5_int4_ef  tau = 5 with int4 + error feedback (7.8x)
+# The seventh round (session 18; MODEL="--config.model.num_layers=8
+# --config.model.d_model=512 --config.model.num_heads=8
+# --config.model.mlp_dim=2048" MAX_CHARS=400000000, NAMES="topkc_ef
+# topk16_ef one_round_lr1"): the same arms on the 33.6M model of
+# experiments/dense.py's shape, whether a larger model narrows their gaps.
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
-#        [NAMES="arm ..."] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
+#        [NAMES="arm ..."] [MODEL="flags"] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
+# The data and the dense base are built once (a 1-step run), then
+# DiLoCo x8 and the named arms train from them, LANES at once.
 # Writes OUT_DIR/summary.md (python bench/comm_table.py on the arms; the
 # `--choose` line names the compressed arm with the lowest training loss)
 # and OUT_DIR/arms.tgz (each arm's results.json, metrics.jsonl, log).
@@ -60,10 +67,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}; work=${2:-/tmp/comm_sweep}
+read -r -a model <<< "${MODEL:-}"
 # shellcheck source=bench/comm_arms_lib.sh
 source bench/comm_arms_lib.sh
 setup_arms comm_sweep experiments/diloco.py 150000000 \
-  --config.train.num_steps=${STEPS:-1500}
+  --config.train.num_steps=${STEPS:-1500} "${model[@]}"
 d=--config.diloco
 avg="$d.outer_optimizer=sgd $d.outer_lr=1.0 $d.outer_momentum=0"
 topkc="$d.compression=topk $d.compression_topk_chunk=4096
@@ -71,6 +79,7 @@ topkc="$d.compression=topk $d.compression_topk_chunk=4096
 topk16="$d.compression=topk $d.compression_topk_chunk=4096
         $d.compression_topk_fraction=0.0625 $d.error_feedback=True"
 declare -A ARMS=(
+  [diloco_x8]=""
   [one_round_avg]="$d.delay=one_round $avg"
   [one_round_m06]="$d.delay=one_round $d.outer_momentum=0.6"
   [one_round_lr05]="$d.delay=one_round $d.outer_lr=0.5 $d.outer_momentum=0.8"
@@ -94,10 +103,9 @@ declare -A ARMS=(
   [overlap_tau25]="$d.delay=overlap $d.overlap_steps=25"
   [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $d.compression=int4 $d.error_feedback=True"
 )
-on_gpu 0 run diloco_x8
 # shellcheck disable=SC2086
-run_lanes ${NAMES:-sparseloco one_round_avg topkc_ef one_round_sparseloco \
-          one_round_m06 one_round_lr05}
+base=_stages run_lanes diloco_x8 ${NAMES:-sparseloco one_round_avg topkc_ef \
+  one_round_sparseloco one_round_m06 one_round_lr05}
 { python3 bench/comm_table.py "$arms"
   echo; echo "chosen on training loss: $(python3 bench/comm_table.py "$arms" --choose 2>&1)"
 } > "$out/summary.md"
