@@ -54,8 +54,8 @@
 # The seventh round (session 18; MODEL="--config.model.num_layers=8
 # --config.model.d_model=512 --config.model.num_heads=8
 # --config.model.mlp_dim=2048" MAX_CHARS=400000000, NAMES="topkc_ef
-# topk16_ef one_round_lr1"): the same arms on the 33.6M model of
-# experiments/dense.py's shape, whether a larger model narrows their gaps.
+# topk16_ef one_round_lr1"): the same arms on a 42M model (the shape of
+# experiments/dense.py), whether a larger model narrows their gaps.
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # The data and the dense base are built once (a 1-step run), then
