@@ -55,7 +55,12 @@
 # --config.model.d_model=512 --config.model.num_heads=8
 # --config.model.mlp_dim=2048" MAX_CHARS=400000000, NAMES="topkc_ef
 # topk16_ef one_round_lr1"): the same arms on a 42M model (the shape of
-# experiments/dense.py), whether a larger model narrows their gaps.
+# experiments/dense.py), whether a larger model narrows their gaps; then
+# NAMES="sparseloco lowrank_int4_ef one_round_lr1_topkc_ef" on it:
+#   lowrank_int4_ef       comm_quality.sh's low rank 20 with int4 factors
+#                         and error feedback decayed by 0.9 (118x fewer)
+#   one_round_lr1_topkc_ef  one_round at outer lr 1.0 with topkc_ef's
+#                         compressor (comm_quality.sh's combined arm)
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # The data and the dense base are built once (a 1-step run), then
@@ -102,6 +107,8 @@ declare -A ARMS=(
   [overlap_tau10]="$d.delay=overlap $d.overlap_steps=10"
   [overlap_tau25]="$d.delay=overlap $d.overlap_steps=25"
   [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $d.compression=int4 $d.error_feedback=True"
+  [lowrank_int4_ef]="$d.compression=lowrank $d.error_feedback=True $d.compression_rank_max=20 $d.compression_energy=1.0 $d.compression_factor_bits=4 $d.error_feedback_decay=0.9"
+  [one_round_lr1_topkc_ef]="$d.delay=one_round $d.outer_lr=1.0 $topkc"
 )
 # shellcheck disable=SC2086
 base=_stages run_lanes diloco_x8 ${NAMES:-sparseloco one_round_avg topkc_ef \
