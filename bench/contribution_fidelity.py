@@ -294,9 +294,14 @@ def train_and_judge(config, args, trackers) -> tuple[int, int]:
           stream.batch(step)))
       step += 1
     if r >= args.warm_rounds:
-      contribs = outer_lib.contributions(
+      # Host copies, judged exactly as --load judges saved rounds: the
+      # codecs and the sums then run on one device. On arrays sharded over
+      # 8 fake CPU devices each eager op of the judging was a small
+      # collective program, and twice a CI run's worker aborted inside one
+      # (jaxlib 0.10.2, 2 cores; why was not found: BUILD_NOTES).
+      contribs = jax.device_get(outer_lib.contributions(
           state["outer"]["params"], state["inner"]["params"], assignment,
-          runtime.slot_names)
+          runtime.slot_names))
       for t in trackers:
         t.add(contribs)
       if args.save:
