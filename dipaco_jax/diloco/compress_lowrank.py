@@ -105,9 +105,7 @@ def eigh_one_at_a_time(gram_RxR):
 
 @eigh_one_at_a_time.def_vmap
 def _eigh_vmap(axis_size, in_batched, gram_BxRxR):
-  del axis_size
-  if not in_batched[0]:
-    return eigh_one_at_a_time(gram_BxRxR), (False, False)
+  del axis_size, in_batched  # One argument: vmap batches it to come here.
   # The body calls the custom_vmap function again, so an outer vmap
   # (vmap of vmap) comes back here instead of batching the LAPACK call.
   return jax.lax.platform_dependent(
