@@ -15,6 +15,10 @@ the gap between the two is what the host costs per step. With
 `--set=train.profile_steps=START:COUNT` the loop's run is traced and each
 result carries its device idle gaps and the host threads' stacks in them
 (`trace_gaps`, bench/trace_gaps.py): where the loop loses to the bare step.
+With `--early_stopping_tokens=N` the loop runs per-path early stopping
+(`eval/early_stopping.py`) after every outer step, each path scored on N
+random held-out tokens of its own; the result then counts the snapshots it
+saved (`early_stopping_saves`).
 
 Ratios compare each config against its own 1-GPU figure in the same call.
 """
@@ -50,10 +54,14 @@ def child(args):
   runtime = testing.tiny_runtime(c, vocab_size=c.data.vocab_size)
   w, b, l = runtime.global_batch_shape
   batches = testing.RandomBatches(w, b, l - 1, c.data.vocab_size)
-  gaps = None
+  gaps, callbacks, stopper = None, (), None
   with tempfile.TemporaryDirectory() as run_dir:
+    if args.early_stopping_tokens:
+      stopper = _early_stopping(runtime, args.early_stopping_tokens, run_dir)
+      callbacks = (stopper,)
     t0 = time.perf_counter()
-    loop.train(runtime, batches, run_dir, {}, "scaling")
+    loop.train(runtime, batches, run_dir, {}, "scaling",
+               after_outer_step=callbacks)
     wall = time.perf_counter() - t0
     rows = metrics.read_jsonl(f"{run_dir}/logs/train/metrics.jsonl")
     if c.train.profile_steps:  # --set=train.profile_steps=START:COUNT
@@ -88,8 +96,37 @@ def child(args):
       "bare_step_ms": seconds * 1e3,
       "loop_step_ms": tokens_per_step / loop_tps * 1e3,
       "steps_per_dispatch": k, "wall_s": wall, "set": args.set,
-      "trace_gaps": gaps}),
+      "trace_gaps": gaps,
+      "early_stopping_tokens": args.early_stopping_tokens,
+      "early_stopping_saves": stopper.saves if stopper else None}),
         flush=True)
+
+
+def _early_stopping(runtime, tokens_per_path: int, run_dir: str):
+  """Per-path early stopping on random held-out documents of 1,000 tokens,
+  counting the snapshots it decides to save."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.data import token_store  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.eval import early_stopping  # pylint: disable=g-import-not-at-top
+
+  c = runtime.config
+  rng = np.random.default_rng(0)
+  num_docs = max(tokens_per_path // 1000, 1)
+  docs = [token_store.TokenDocs(
+      rng.integers(4, c.data.vocab_size, num_docs * 1000).astype(np.int32),
+      np.arange(num_docs + 1) * 1000)
+          for _ in range(runtime.topology.num_paths)]
+
+  class Counting(early_stopping.EarlyStopping):
+    saves = 0
+
+    def __call__(self, step, state):
+      before = dict(self.best)
+      super().__call__(step, state)
+      self.saves += sum(before.get(k) != v for k, v in self.best.items())
+
+  return Counting(runtime, docs, f"{run_dir}/early_stopping",
+                  c.data.seq_len, c.data.prefix_len, c.train.eval_batch_size)
 
 
 def parent(args):
@@ -103,7 +140,8 @@ def parent(args):
       gpus = visible[:n] if visible else [str(i) for i in range(n)]
       env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(gpus))
       cmd = [sys.executable, __file__, "--child", f"--config={config}",
-             f"--steps={args.steps}", f"--log_every={args.log_every}"] + [
+             f"--steps={args.steps}", f"--log_every={args.log_every}",
+             f"--early_stopping_tokens={args.early_stopping_tokens}"] + [
                  f"--set={s}" for s in args.set]
       proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                             timeout=args.timeout)
@@ -144,6 +182,9 @@ def main():
   p.add_argument("--set", action="append", default=[],
                  help="section.field=value applied to every config")
   p.add_argument("--timeout", type=int, default=300)
+  p.add_argument("--early_stopping_tokens", type=int, default=0,
+                 help="per-path early stopping on this many held-out "
+                 "tokens a path (0: off)")
   p.add_argument("--out", default="")
   p.add_argument("--child", action="store_true")
   p.add_argument("--config", default="")

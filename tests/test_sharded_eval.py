@@ -52,3 +52,23 @@ def test_group_size_and_compact_route_ids():
   assert sharded.auto_group_size(6, 4, 3) == 3
   assert routed.compact_ids(np.array([0, 255])).dtype == np.int16
   assert routed.compact_ids(np.array([0, 40_000])).dtype == np.int32
+
+
+def test_parameters_on_the_devices_are_scored_without_a_host_copy():
+  """Early stopping scores a path gathered from the training state's bank
+  (replicated over the mesh): it is stacked on the devices, not copied to
+  the host and back, and scores as the host copy does."""
+  runtime = testing.tiny_runtime(testing.tiny_config(shape="2x2", inner_steps=2))
+  bank = runtime.init_state(jax.random.key(0))["outer"]["params"]
+  params = runtime.path_params(bank, 1)
+  assert all(isinstance(x, jax.Array) and len(x.sharding.device_set) == 8
+             for x in jax.tree.leaves(params))
+  stacked = sharded.stack_params([params])
+  assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(stacked))
+  host = sharded.stack_params([jax.device_get(params)])
+  assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(host))
+  layout = _layout(runtime.config.data.seq_len)
+  np.testing.assert_allclose(
+      routed.token_nll(runtime.model, params, layout, 3),
+      routed.token_nll(runtime.model, jax.device_get(params), layout, 3),
+      rtol=1e-6, atol=1e-6)

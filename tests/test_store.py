@@ -234,14 +234,17 @@ def test_early_stopping_keeps_the_committed_best(tmp_path, monkeypatch):
   assert [d.name for d in (directory / "path_00000").iterdir()] == [
       "s00000003"]  # The replaced bests are gone.
 
-  # Killed while writing a better snapshot: the old best stays the best.
+  # Killed while writing a better snapshot (in the background): the error
+  # comes out at the next flush, and on disk the old best stays the best.
   def killed(directory, meta):
     raise KeyboardInterrupt
   with monkeypatch.context() as m:
     m.setattr(atomic, "commit", killed)
+    stopper(4, _state(1.0, 8.0))
     with pytest.raises(KeyboardInterrupt):
-      stopper(4, _state(1.0, 8.0))
-  _assert_equal(stopper.best_params(0, like), {"x": np.array([2.0, 2.5])})
+      stopper.flush()
+  assert json.loads((directory / "best.json").read_text())["0"] == {
+      "loss": 2.0, "step": 3}
   assert (directory / "path_00000" / "s00000004").exists()
 
   # A resumed run drops the uncommitted leftover, and an entry whose
@@ -256,6 +259,35 @@ def test_early_stopping_keeps_the_committed_best(tmp_path, monkeypatch):
   resumed(5, _state(4.0, 9.0))  # Path 1 starts afresh; path 0 is kept.
   assert resumed.best["1"] == {"loss": 9.0, "step": 5}
   _assert_equal(resumed.best_params(1, like), {"x": np.array([9.0, 9.5])})
+
+
+def test_early_stopping_writes_in_the_background(tmp_path, monkeypatch):
+  """An outer step's snapshots are written while training goes on: the
+  call returns before they are; the next call, `flush` and `best_params`
+  wait for them, so at most one round is in flight."""
+  import threading  # pylint: disable=g-import-not-at-top
+  directory = tmp_path / "early_stopping"
+  stopper = _stopper(directory, monkeypatch)
+  release, saved = threading.Event(), []
+  save_tree = items.save_tree
+
+  def slow_save(path, tree, meta):
+    assert release.wait(timeout=30)
+    saved.append(os.path.basename(str(path)))
+    return save_tree(path, tree, meta)
+  monkeypatch.setattr(items, "save_tree", slow_save)
+  stopper(1, _state(5.0, 5.0))
+  assert stopper.best == {"0": {"loss": 5.0, "step": 1},
+                          "1": {"loss": 5.0, "step": 1}}  # Decided at once.
+  assert not saved and not (directory / "best.json").exists()
+  release.set()
+  stopper(2, _state(3.0, 6.0))  # Waits for round 1's writes first.
+  assert saved == ["s00000001", "s00000001"]
+  stopper.flush()
+  assert saved[2:] == ["s00000002"]
+  assert json.loads((directory / "best.json").read_text()) == stopper.best
+  _assert_equal(stopper.best_params(0, {"x": np.zeros(2, np.float32)}),
+                {"x": np.array([3.0, 3.5])})
 
 
 def test_threads_of_one_process_write_one_file_at_once(tmp_path):

@@ -141,3 +141,30 @@ def test_each_round_logs_the_bytes_each_worker_sent_once(tmp_path):
     assert len(r["sent_bytes_W"]) == 2
     for sent in r["sent_bytes_W"]:
       assert 7 < float32_bytes / sent < 8, (float32_bytes, sent)
+
+
+def test_callbacks_flush_before_every_checkpoint(tmp_path, monkeypatch):
+  """An after-outer-step callback that writes in the background (early
+  stopping) is flushed before each checkpoint and at the end, so no
+  checkpoint is ahead of what it wrote."""
+  events = []
+
+  class Writer:
+
+    def __call__(self, step, state):
+      events.append(("outer step", step))
+
+    def flush(self):
+      events.append(("flush",))
+
+  save = ckpt_lib.Checkpointer.save
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "save", lambda self, step, *a: (
+      events.append(("save", step)), save(self, step, *a))[1])
+  config = testing.tiny_config("1", replicas=2, inner_steps=2, num_steps=6)
+  config.ckpt.every = 4
+  loop.train(testing.tiny_runtime(config), testing.RandomBatches(
+      2, 8, config.data.seq_len), str(tmp_path), {}, "f",
+             after_outer_step=[Writer()])
+  assert events == [("outer step", 2), ("outer step", 4), ("flush",),
+                    ("save", 4), ("outer step", 6), ("flush",), ("save", 6),
+                    ("flush",)]

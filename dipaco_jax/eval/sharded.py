@@ -55,9 +55,15 @@ def _scorer(model, mesh):
 
 
 def stack_params(params_list):
-  """G parameter trees (host or device) -> one tree with a leading G axis."""
-  return jax.tree.map(lambda *x: np.stack([np.asarray(a) for a in x]),
-                      *params_list)
+  """G parameter trees -> one tree with a leading G axis: on the devices
+  when every leaf is already there and this process holds all of it (as
+  early stopping's path parameters, which a host round trip cost 2 copies
+  of a path every outer step), else on the host."""
+  on_devices = all(isinstance(x, jax.Array) and x.is_fully_addressable
+                   for x in jax.tree.leaves(params_list))
+  stack = jnp.stack if on_devices else (
+      lambda xs: np.stack([np.asarray(a) for a in xs]))
+  return jax.tree.map(lambda *x: stack(x), *params_list)
 
 
 def group_token_nll(model, params_list, layout, batch_size: int,

@@ -53,7 +53,9 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
       steps ahead).
     after_outer_step: callables `fn(step, state)` run right after each outer
       step (e.g. per-path early stopping); with a synchronizer's
-      `lag_steps`, after each apply and at the end.
+      `lag_steps`, after each apply and at the end. One with a `flush()`
+      method (writes it left to a background thread) has it called before
+      every checkpoint and at the end.
     synchronizer: where outer steps come from (`train.sync`); by default
       the in-process jitted step of `runtime`.
   """
@@ -234,6 +236,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
           while pending:
             drain(*pending.popleft())
           guard.check_params(done, state)
+          _flush(after_outer_step)
           ckpt.save(done, state, meta)
           if writes:  # The figures a resumed or reused run reports.
             metrics_lib.write_run_summary(run_dir, start, done,
@@ -241,6 +244,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
                                           tokens_per_step, last_losses)
       while pending:
         drain(*pending.popleft())
+      _flush(after_outer_step)
   finally:
     ckpt.close()
     if writer is not None:
@@ -250,6 +254,15 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   multihost.barrier(f"trained {name}")
   return TrainResult(state, num_steps, latest,
                      progress.average_tokens_per_s(num_steps), last_losses)
+
+
+def _flush(after_outer_step) -> None:
+  """What the callbacks write in the background reaches the disk before a
+  checkpoint does (a resumed run must not find its callbacks' files older
+  than its checkpoint)."""
+  for fn in after_outer_step:
+    if hasattr(fn, "flush"):
+      fn.flush()
 
 
 def _sync_round(sync, round_index: int, state):
