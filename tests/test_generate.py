@@ -121,9 +121,13 @@ def tiny(tmp_path_factory):
   _save_run(workdir, "dense", runs["dense"], vocab, tokenizer, rng)
   # Path 1's early-stopping snapshot, which evaluation scores instead of
   # its final modules (`eval/early_stopping.py` writes these).
+  # One snapshot per module of the path.
   stopped = workdir / "runs" / "dipaco" / "early_stopping"
-  items.save_tree(stopped / "path_00001" / "s00000002",
-                  _random_path(runtime, rng), {"path": 1, "step": 2})
+  path_1 = _random_path(runtime, rng)
+  for slot, expert in zip(runtime.topology.slots,
+                          runtime.topology.path_assignment_PxS()[1]):
+    items.save_tree(stopped / "modules" / slot.name / f"{expert:05d}" /
+                    "s00000002", path_1[slot.name])
   atomic.write_json(stopped / "best.json", {"1": {"loss": 1.0, "step": 2}})
   d = config.model.d_model
   # Centroids of one norm: the nearest is the one most aligned with a
@@ -319,9 +323,12 @@ def test_generation_from_an_export_equals_the_workdirs(tiny, routed_model,
   np.testing.assert_array_equal(again.routing.route_prompts(prompts),
                                 doc_paths)
   # Path 1 is its early-stopping snapshot, as evaluation scores it.
-  snapshot = items.load_tree(
-      tiny[0] / "runs" / "dipaco" / "early_stopping" / "path_00001" /
-      "s00000002", r.path_params[1])[0]
+  topology = tiny[2].topology
+  snapshot = {slot.name: items.load_tree(
+      tiny[0] / "runs" / "dipaco" / "early_stopping" / "modules" / slot.name
+      / f"{expert:05d}" / "s00000002", r.path_params[1][slot.name])[0]
+              for slot, expert in zip(topology.slots,
+                                      topology.path_assignment_PxS()[1])}
   jax.tree.map(np.testing.assert_array_equal, r.path_params[1], snapshot)
   assert exported.load_model(tmp_path / "path_001").info["source"][
       "early_stopping"]

@@ -204,35 +204,56 @@ def test_writer_killed_before_its_commit_marker(tmp_path):
 
 
 def _stopper(directory, monkeypatch):
-  """EarlyStopping over 2 paths whose held-out loss is params["x"][0]."""
+  """EarlyStopping over 2 paths of 2 slots, "shared" (one module both paths
+  use) and "x" (one module each); a path's held-out loss is its x[0]."""
   monkeypatch.setattr(routed, "make_layout", lambda docs, seq_len, prefix: (
       types.SimpleNamespace(windows={"weights": np.ones(1)})))
   monkeypatch.setattr(routed, "token_nll", lambda model, params, layout, b: (
       np.asarray(params["x"][:1])))
+  topology = types.SimpleNamespace(
+      slots=[types.SimpleNamespace(name="shared"),
+             types.SimpleNamespace(name="x")],
+      path_assignment_PxS=lambda: np.array([[0, 0], [0, 1]]))
   runtime = types.SimpleNamespace(
-      model=None, path_params=lambda bank, p: {"x": bank["x"][p]})
+      model=None, topology=topology, path_params=lambda bank, p: {
+          "shared": bank["shared"][0], "x": bank["x"][p]})
   return early_stopping.EarlyStopping(runtime, [None, None], directory,
                                       seq_len=4, prefix_len=0, batch_size=1)
 
 
 def _state(x0, x1):
-  return {"outer": {"params": {"x": np.array([[x0, x0 + 0.5],
-                                              [x1, x1 + 0.5]], np.float32)}}}
+  """The shared module holds x0 + x1, so each step's is different."""
+  return {"outer": {"params": {
+      "shared": np.array([[x0 + x1]], np.float32),
+      "x": np.array([[x0, x0 + 0.5], [x1, x1 + 0.5]], np.float32)}}}
+
+
+def _snapshots(directory):
+  """module -> the steps of its snapshots, e.g. {"x/00000": [3]}."""
+  return {f"{d.parent.name}/{d.name}": sorted(
+      int(s.name[1:]) for s in d.iterdir())
+          for d in sorted((directory / "modules").glob("*/*"))}
+
+
+_LIKE = {"shared": np.zeros(1, np.float32), "x": np.zeros(2, np.float32)}
 
 
 def test_early_stopping_keeps_the_committed_best(tmp_path, monkeypatch):
   directory = tmp_path / "early_stopping"
   stopper = _stopper(directory, monkeypatch)
-  like = {"x": np.zeros(2, np.float32)}
   stopper(1, _state(5.0, 5.0))
   stopper(2, _state(3.0, 6.0))  # Path 0 improves, path 1 does not.
   stopper(3, _state(2.0, 7.0))  # Path 0 improves again.
   assert stopper.best == {"0": {"loss": 2.0, "step": 3},
                           "1": {"loss": 5.0, "step": 1}}
-  _assert_equal(stopper.best_params(0, like), {"x": np.array([2.0, 2.5])})
-  _assert_equal(stopper.best_params(1, like), {"x": np.array([5.0, 5.5])})
-  assert [d.name for d in (directory / "path_00000").iterdir()] == [
-      "s00000003"]  # The replaced bests are gone.
+  _assert_equal(stopper.best_params(0, _LIKE),
+                {"shared": np.array([9.0]), "x": np.array([2.0, 2.5])})
+  _assert_equal(stopper.best_params(1, _LIKE),
+                {"shared": np.array([10.0]), "x": np.array([5.0, 5.5])})
+  # One snapshot per module and step, kept while a best names it: step 2's
+  # are gone; the shared module of steps 1 and 3 stays, for path 1 and 0.
+  assert _snapshots(directory) == {"shared/00000": [1, 3], "x/00000": [3],
+                                   "x/00001": [1]}
 
   # Killed while writing a better snapshot (in the background): the error
   # comes out at the next flush, and on disk the old best stays the best.
@@ -245,20 +266,47 @@ def test_early_stopping_keeps_the_committed_best(tmp_path, monkeypatch):
       stopper.flush()
   assert json.loads((directory / "best.json").read_text())["0"] == {
       "loss": 2.0, "step": 3}
-  assert (directory / "path_00000" / "s00000004").exists()
+  leftover = directory / "modules" / "shared" / "00000" / "s00000004"
+  assert leftover.exists()
 
   # A resumed run drops the uncommitted leftover, and an entry whose
-  # snapshot lost its marker is forgotten rather than read.
-  (directory / "path_00001" / "s00000001" / atomic.COMMIT_MARKER).unlink()
+  # snapshot lost its marker is forgotten rather than read (with the
+  # snapshots only it named).
+  (directory / "modules" / "x" / "00001" / "s00000001" /
+   atomic.COMMIT_MARKER).unlink()
   resumed = _stopper(directory, monkeypatch)
   assert resumed.best == {"0": {"loss": 2.0, "step": 3}}
-  assert not (directory / "path_00000" / "s00000004").exists()
-  _assert_equal(resumed.best_params(0, like), {"x": np.array([2.0, 2.5])})
+  assert _snapshots(directory) == {"shared/00000": [3], "x/00000": [3],
+                                   "x/00001": []}
+  _assert_equal(resumed.best_params(0, _LIKE),
+                {"shared": np.array([9.0]), "x": np.array([2.0, 2.5])})
   with pytest.raises(KeyError, match="Path 1"):
-    resumed.best_params(1, like)
+    resumed.best_params(1, _LIKE)
   resumed(5, _state(4.0, 9.0))  # Path 1 starts afresh; path 0 is kept.
   assert resumed.best["1"] == {"loss": 9.0, "step": 5}
-  _assert_equal(resumed.best_params(1, like), {"x": np.array([9.0, 9.5])})
+  _assert_equal(resumed.best_params(1, _LIKE),
+                {"shared": np.array([13.0]), "x": np.array([9.0, 9.5])})
+
+
+def test_early_stopping_reads_whole_path_snapshots_of_older_runs(
+    tmp_path, monkeypatch):
+  """Run directories from before module snapshots kept a whole path per
+  snapshot: still read, and deleted once a new best replaces them."""
+  directory = tmp_path / "early_stopping"
+  old = directory / "path_00000" / "s00000007"
+  items.save_tree(old, {"shared": np.array([1.0], np.float32),
+                        "x": np.array([3.0, 3.5], np.float32)})
+  directory.joinpath("best.json").write_text(
+      json.dumps({"0": {"loss": 3.0, "step": 7}}))
+  stopper = _stopper(directory, monkeypatch)
+  assert stopper.best == {"0": {"loss": 3.0, "step": 7}}
+  _assert_equal(stopper.best_params(0, _LIKE),
+                {"shared": np.array([1.0]), "x": np.array([3.0, 3.5])})
+  stopper(8, _state(2.0, 5.0))
+  stopper.flush()
+  assert not old.exists()
+  _assert_equal(stopper.best_params(0, _LIKE),
+                {"shared": np.array([7.0]), "x": np.array([2.0, 2.5])})
 
 
 def test_early_stopping_writes_in_the_background(tmp_path, monkeypatch):
@@ -282,12 +330,12 @@ def test_early_stopping_writes_in_the_background(tmp_path, monkeypatch):
   assert not saved and not (directory / "best.json").exists()
   release.set()
   stopper(2, _state(3.0, 6.0))  # Waits for round 1's writes first.
-  assert saved == ["s00000001", "s00000001"]
+  assert saved == ["s00000001"] * 3  # 3 modules: the shared one once.
   stopper.flush()
-  assert saved[2:] == ["s00000002"]
+  assert saved[3:] == ["s00000002"] * 2  # Path 0's two modules.
   assert json.loads((directory / "best.json").read_text()) == stopper.best
-  _assert_equal(stopper.best_params(0, {"x": np.zeros(2, np.float32)}),
-                {"x": np.array([3.0, 3.5])})
+  _assert_equal(stopper.best_params(0, _LIKE),
+                {"shared": np.array([9.0]), "x": np.array([3.0, 3.5])})
 
 
 def test_threads_of_one_process_write_one_file_at_once(tmp_path):

@@ -6,20 +6,29 @@ loss is the best so far. Evaluation then uses each path's best snapshot.
 This helps small shards, i.e. many paths. Snapshots live on disk in the run
 directory so that a resumed run keeps them:
 
-  DIRECTORY/best.json                      {path: {"loss", "step"}}
-  DIRECTORY/path_{p:05d}/s{step:08d}/      an orbax item (store.items)
+  DIRECTORY/best.json                                  {path: {"loss", "step"}}
+  DIRECTORY/modules/{slot}/{expert:05d}/s{step:08d}/   a module at a step, an
+                                                       orbax item (store.items)
 
-A new best is saved under its own step and committed, then best.json is
-pointed at it, then the previous one is deleted: a crash at any point leaves
-best.json naming a committed snapshot. Snapshots best.json does not name
-(leftovers of such a crash) are deleted when the run resumes.
+Paths share modules, so a snapshot is kept per module, not per path: an
+outer step after which every path of DiPaCo 4x4 improves writes the bank
+once (its 9 modules), not 16 paths' worth of them. A path's best at step s
+is its modules at step s; a module's snapshot is deleted once no path's
+best names it. Run directories from before keep
+`DIRECTORY/path_{p:05d}/s{step:08d}/` (a whole path), still read.
+
+New bests are saved under their step and committed, then best.json is
+pointed at them, then the snapshots no best names any more are deleted: a
+crash at any point leaves best.json naming committed snapshots. Snapshots
+best.json does not name (leftovers of such a crash) are deleted when the
+run resumes.
 
 The decisions are taken at once (every process takes the same ones), but
-the writing runs on a background thread, one round at a time: saving every
-improving path's snapshot synchronously held the training loop for seconds
-each round (BUILD_NOTES.md, "Early stopping"). At most one round's writes
-are in flight; the next outer step waits for them. `flush` waits for all of
-them and is called before every checkpoint (train/loop.py), so a checkpoint
+the writing runs on a background thread, one round at a time: saving
+every improving path synchronously held the training loop for seconds each
+round (BUILD_NOTES.md, "Early stopping"). At most one round's writes are in
+flight; the next outer step waits for them. `flush` waits for all of them
+and is called before every checkpoint (train/loop.py), so a checkpoint
 never gets ahead of best.json, and before snapshots are read.
 """
 
@@ -41,8 +50,13 @@ class EarlyStopping:
   """Tracks each path's best snapshot by loss on its held-out slice."""
 
   def __init__(self, runtime, holdout_docs: list, directory, seq_len: int,
-               prefix_len: int, batch_size: int):
+               prefix_len: int, batch_size: int, topology=None):
+    """`topology` defaults to the runtime's; a reader without a runtime
+    (runtime None, no holdout documents) passes it."""
     self.runtime, self.batch_size = runtime, batch_size
+    self.topology = topology if topology is not None else runtime.topology
+    self.slots = [s.name for s in self.topology.slots]
+    self.expert_PxS = self.topology.path_assignment_PxS()
     self.layouts = [routed.make_layout(d, seq_len, prefix_len)
                     for d in holdout_docs]
     self.directory = epath.Path(directory)
@@ -53,7 +67,7 @@ class EarlyStopping:
     # An entry without its committed snapshot (e.g. a run directory from
     # before snapshots were orbax items) is forgotten: that path has no best.
     self.best = {k: v for k, v in best.items()
-                 if atomic.is_committed(self._snapshot(int(k), v["step"]))}
+                 if self._committed(int(k), v["step"])}
     if len(self.best) < len(best):
       logging.warning("Early stopping: no committed snapshot for paths %s "
                       "in %s; they start afresh.",
@@ -64,26 +78,47 @@ class EarlyStopping:
         max_workers=1, thread_name_prefix="early_stopping")
     self._in_flight = None  # The last round's writes (a Future).
 
-  def _snapshot(self, path: int, step: int) -> epath.Path:
+  def _modules(self, path: int, step: int) -> list[epath.Path]:
+    """The snapshot directories of `path`'s modules at `step`."""
+    return [self._module(slot, int(e), step)
+            for slot, e in zip(self.slots, self.expert_PxS[path])]
+
+  def _module(self, slot: str, expert: int, step: int) -> epath.Path:
+    return (self.directory / "modules" / slot / f"{expert:05d}" /
+            f"s{step:08d}")
+
+  def _legacy(self, path: int, step: int) -> epath.Path:
+    """A whole path's snapshot, as run directories from before kept it."""
     return self.directory / f"path_{path:05d}" / f"s{step:08d}"
+
+  def _committed(self, path: int, step: int) -> bool:
+    return (all(atomic.is_committed(d) for d in self._modules(path, step))
+            or atomic.is_committed(self._legacy(path, step)))
+
+  def _named(self, best: dict) -> set:
+    """Every snapshot directory the entries of `best` may read."""
+    named = set()
+    for key, entry in best.items():
+      named.update(self._modules(int(key), entry["step"]))
+      named.add(self._legacy(int(key), entry["step"]))
+    return named
 
   def _remove_unnamed(self) -> None:
     """Deletes the snapshots best.json does not name."""
-    named = {self._snapshot(int(k), v["step"]).relative_to(self.directory)
-             for k, v in self.best.items()}
-    for path_dir in self.directory.iterdir():
-      if not re.fullmatch(r"path_\d+", path_dir.name):
-        continue
-      for snapshot in path_dir.iterdir():
-        if snapshot.relative_to(self.directory) not in named:
-          logging.info("Early stopping: removing stale %s.", snapshot)
-          snapshot.rmtree()
+    named = self._named(self.best)
+    snapshots = [s for d in self.directory.glob("path_*")
+                 if re.fullmatch(r"path_\d+", d.name) for s in d.iterdir()]
+    snapshots += list(self.directory.glob("modules/*/*/s*"))
+    for snapshot in snapshots:
+      if snapshot not in named:
+        logging.info("Early stopping: removing stale %s.", snapshot)
+        snapshot.rmtree()
 
   def __call__(self, step: int, state) -> None:
     bank = state["outer"]["params"]
-    # Bounds what waits to be written (device memory) to one round's paths.
+    # Bounds what waits to be written (device memory) to one round's modules.
     self.flush()
-    improved = {}
+    improved, before = [], dict(self.best)
     for p, layout in enumerate(self.layouts):
       params = self.runtime.path_params(bank, p)
       nll = routed.token_nll(self.runtime.model, params, layout,
@@ -91,24 +126,31 @@ class EarlyStopping:
       loss = float(nll.sum() / max(layout.windows["weights"].sum(), 1.0))
       old = self.best.get(str(p))
       if old is None or loss < old["loss"]:
-        replaced = old["step"] if old and old["step"] != step else None
-        improved[p] = (params, loss, replaced)
+        improved.append(p)
         self.best[str(p)] = {"loss": loss, "step": step}
     if multihost.is_writer():  # Every process takes the same decisions.
-      # `params` are gathered from the bank, not the train state's own
-      # buffers, so the next steps' donation cannot free them meanwhile.
-      self._in_flight = self._writer.submit(self._write, step, improved,
-                                            dict(self.best))
+      # Each module of an improving path once. They are gathered from the
+      # bank, not the train state's own buffers, so the next steps'
+      # donation cannot free them while they wait.
+      modules = {(s, int(self.expert_PxS[p][i])) for p in improved
+                 for i, s in enumerate(self.slots)}
+      arrays = {(s, e): jax.tree.map(lambda x, e=e: x[e], bank[s])
+                for s, e in sorted(modules)}
+      stale = self._named(before) - self._named(self.best)
+      self._in_flight = self._writer.submit(self._write, step, arrays,
+                                            dict(self.best), stale)
 
-  def _write(self, step: int, improved: dict, best: dict) -> None:
-    """One round's new snapshots, then best.json, then the replaced ones."""
-    for p, (params, loss, _) in improved.items():
-      items.save_tree(self._snapshot(p, step), jax.device_get(params),
-                      {"path": p, "step": step, "loss": loss})
+  def _write(self, step: int, arrays: dict, best: dict, stale: set) -> None:
+    """One round's new module snapshots, then best.json, then the
+    snapshots no best names any more."""
+    for (slot, expert), module in arrays.items():
+      items.save_tree(self._module(slot, expert, step),
+                      jax.device_get(module),
+                      {"slot": slot, "expert": expert, "step": step})
     atomic.write_json(self.best_path, best)
-    for p, (_, _, replaced) in improved.items():
-      if replaced is not None:
-        self._snapshot(p, replaced).rmtree()
+    for snapshot in stale:
+      if snapshot.exists():
+        snapshot.rmtree()
 
   def flush(self) -> None:
     """Waits until everything decided so far is on disk; re-raises a
@@ -125,4 +167,8 @@ class EarlyStopping:
     if entry is None:
       raise KeyError(f"Path {path} has no early-stopping snapshot in "
                      f"{self.directory}.")
-    return items.load_tree(self._snapshot(path, entry["step"]), like)[0]
+    legacy = self._legacy(path, entry["step"])
+    if atomic.is_committed(legacy):
+      return items.load_tree(legacy, like)[0]
+    return {slot: items.load_tree(directory, like[slot])[0] for slot, directory
+            in zip(self.slots, self._modules(path, entry["step"]))}

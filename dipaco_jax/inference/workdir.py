@@ -206,7 +206,7 @@ class TrainedWorkdir:
       self._restored["stopper"] = early_stopping_lib.EarlyStopping(
           None, [], self.workdir / "runs" / self.main_run / "early_stopping",
           self.config.data.seq_len, self.config.data.prefix_len,
-          self.config.train.eval_batch_size)
+          self.config.train.eval_batch_size, topology=self.topology)
     return self._restored["stopper"]
 
   def dense(self) -> tuple[transformer.PathTransformer, dict]:

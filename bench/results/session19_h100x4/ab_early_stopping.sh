@@ -1,9 +1,13 @@
 #!/bin/bash
-# A/B of per-path early stopping's cost in the training loop (session 19):
-# "old" = this tree with this folder's fix_es.patch reversed (each outer
-# step scores every path through a host copy of its parameters and saves
-# every improving path's snapshot before training goes on), "new" = this
-# tree (scored on the devices, snapshots written by a background thread).
+# A/B of per-path early stopping's cost in the training loop (session 19).
+#   old  = this tree with fix_es_modules.patch and fix_es.patch reversed:
+#          each outer step scores every path through a host copy of its
+#          parameters and saves every improving path whole, before training
+#          goes on;
+#   bg   = this tree with fix_es_modules.patch reversed: scored on the
+#          devices, whole paths written by a background thread;
+#   new  = this tree: as bg, but one snapshot per module (a module shared by
+#          several improving paths is written once).
 # bench/scaling.py with --early_stopping_tokens=65536 (about 5% of a path's
 # shard in the quality runs), K = 8, 200 steps = 4 rounds of H = 50.
 # Runs with early stopping go one at a time (they write to one disk); the
@@ -11,8 +15,12 @@
 set -u
 out=${1:?OUT}; mkdir -p "$out"
 root=$PWD
-rm -rf /tmp/old && mkdir -p /tmp/old && cp -r dipaco_jax bench experiments /tmp/old/
-(cd /tmp/old && patch -s -R -p1 < "$root/bench/results/session19_h100x4/fix_es.patch") || exit 1
+here=$root/bench/results/session19_h100x4
+for v in old bg; do
+  rm -rf /tmp/$v && mkdir -p /tmp/$v && cp -r dipaco_jax bench experiments /tmp/$v/
+  (cd /tmp/$v && patch -s -R -p1 < "$here/fix_es_modules.patch") || exit 1
+done
+(cd /tmp/old && patch -s -R -p1 < "$here/fix_es.patch") || exit 1
 run() {  # tree name config gpus es_tokens
   local dir=$1 name=$2 config=$3 gpus=$4 es=$5 n
   n=$(echo "$gpus" | tr ',' '\n' | wc -l)
@@ -23,28 +31,29 @@ run() {  # tree name config gpus es_tokens
     --out="$out/${name}_${config}_g${n}.json") > "$out/${name}_${config}_g${n}.log" 2>&1
 }
 (run "$root" none dipaco_2x2 3 0; run "$root" none dipaco_4x4 3 0) &
-run /tmp/old old dipaco_2x2 0 65536; run "$root" new dipaco_2x2 0 65536
-run /tmp/old old dipaco_4x4 0 65536; run "$root" new dipaco_4x4 0 65536
+for config in dipaco_2x2 dipaco_4x4; do
+  run /tmp/old old $config 0 65536; run /tmp/bg bg $config 0 65536
+  run "$root" new $config 0 65536
+done
 wait
 run "$root" none dipaco_2x2 0,1,2,3 0
-run /tmp/old old dipaco_2x2 0,1,2,3 65536; run "$root" new dipaco_2x2 0,1,2,3 65536
+run /tmp/bg bg dipaco_2x2 0,1,2,3 65536; run "$root" new dipaco_2x2 0,1,2,3 65536
 python - "$out" <<'PY'
 import json, sys, glob, os
 out = sys.argv[1]
-print("| run | config | GPUs | loop tokens/s | vs no early stopping | snapshots saved | wall s |")
+print("| code | config | GPUs | loop tokens/s | vs no early stopping | path bests saved | wall s |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
 r = {}
 for f in sorted(glob.glob(f"{out}/*.json")):
-  d = json.load(open(f))["results"][0]
-  r[os.path.basename(f)[:-5]] = d
+  r[os.path.basename(f)[:-5]] = json.load(open(f))["results"][0]
 for config in ("dipaco_2x2", "dipaco_4x4"):
   for n in (1, 4):
     base = r.get(f"none_{config}_g{n}")
-    for name in ("none", "old", "new"):
+    for name in ("none", "old", "bg", "new"):
       d = r.get(f"{name}_{config}_g{n}")
       if d is None or "error" in d:
-        if d is not None or base is not None:
-          print(f"| {name} | {config} | {n} | missing | | | |")
+        if d is not None:
+          print(f"| {name} | {config} | {n} | failed | | | |")
         continue
       vs = (d["loop_tokens_per_s"] / base["loop_tokens_per_s"]
             if base and "error" not in base else 0)
