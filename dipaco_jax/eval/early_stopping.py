@@ -26,10 +26,11 @@ run resumes.
 The decisions are taken at once (every process takes the same ones), but
 the writing runs on a background thread, one round at a time: saving
 every improving path synchronously held the training loop for seconds each
-round (BUILD_NOTES.md, "Early stopping"). At most one round's writes are in
-flight; the next outer step waits for them. `flush` waits for all of them
-and is called before every checkpoint (train/loop.py), so a checkpoint
-never gets ahead of best.json, and before snapshots are read.
+round (BUILD_NOTES.md, "Early stopping in the training loop"). At most one
+round's writes are in flight; the next outer step waits for them. `flush`
+waits for all of them and is called before every checkpoint
+(train/loop.py), so a checkpoint never gets ahead of best.json, and before
+snapshots are read.
 """
 
 from concurrent import futures
