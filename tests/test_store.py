@@ -310,32 +310,40 @@ def test_early_stopping_reads_whole_path_snapshots_of_older_runs(
 
 
 def test_early_stopping_writes_in_the_background(tmp_path, monkeypatch):
-  """An outer step's snapshots are written while training goes on: the
-  call returns before they are; the next call, `flush` and `best_params`
-  wait for them, so at most one round is in flight."""
+  """Outer steps never wait for the snapshots: they are written by a
+  thread, and a best replaced before it was written is skipped. `flush`
+  (before every checkpoint) and `best_params` wait for all of it."""
   import threading  # pylint: disable=g-import-not-at-top
   directory = tmp_path / "early_stopping"
   stopper = _stopper(directory, monkeypatch)
-  release, saved = threading.Event(), []
+  entered, release, saved = threading.Event(), threading.Event(), []
   save_tree = items.save_tree
 
   def slow_save(path, tree, meta):
+    entered.set()
     assert release.wait(timeout=30)
-    saved.append(os.path.basename(str(path)))
+    saved.append(str(path)[len(str(directory)) + 1:])
     return save_tree(path, tree, meta)
   monkeypatch.setattr(items, "save_tree", slow_save)
   stopper(1, _state(5.0, 5.0))
+  assert entered.wait(timeout=30)  # The writer holds step 1's 3 modules.
   assert stopper.best == {"0": {"loss": 5.0, "step": 1},
                           "1": {"loss": 5.0, "step": 1}}  # Decided at once.
+  stopper(2, _state(3.0, 6.0))  # Path 0 improves twice while the writer
+  stopper(3, _state(2.0, 7.0))  # is blocked: step 2 is never written.
   assert not saved and not (directory / "best.json").exists()
   release.set()
-  stopper(2, _state(3.0, 6.0))  # Waits for round 1's writes first.
-  assert saved == ["s00000001"] * 3  # 3 modules: the shared one once.
   stopper.flush()
-  assert saved[3:] == ["s00000002"] * 2  # Path 0's two modules.
+  assert saved == ["modules/shared/00000/s00000001",
+                   "modules/x/00000/s00000001",
+                   "modules/x/00001/s00000001",
+                   "modules/shared/00000/s00000003",
+                   "modules/x/00000/s00000003"]
   assert json.loads((directory / "best.json").read_text()) == stopper.best
+  assert _snapshots(directory) == {"shared/00000": [1, 3], "x/00000": [3],
+                                   "x/00001": [1]}
   _assert_equal(stopper.best_params(0, _LIKE),
-                {"shared": np.array([9.0]), "x": np.array([3.0, 3.5])})
+                {"shared": np.array([9.0]), "x": np.array([2.0, 2.5])})
 
 
 def test_threads_of_one_process_write_one_file_at_once(tmp_path):

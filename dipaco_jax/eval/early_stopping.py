@@ -24,18 +24,20 @@ best.json does not name (leftovers of such a crash) are deleted when the
 run resumes.
 
 The decisions are taken at once (every process takes the same ones), but
-the writing runs on a background thread, one round at a time: saving
-every improving path synchronously held the training loop for seconds each
-round (BUILD_NOTES.md, "Early stopping in the training loop"). At most one
-round's writes are in flight; the next outer step waits for them. `flush`
-waits for all of them and is called before every checkpoint
-(train/loop.py), so a checkpoint never gets ahead of best.json, and before
-snapshots are read.
+the writing runs on a background thread: saving every improving path
+synchronously held the training loop for seconds each round (BUILD_NOTES.md,
+"Early stopping in the training loop"). Training never waits for it; when
+outer steps come faster than the disk takes their snapshots, a best
+replaced before it was written is skipped, so what waits in device memory
+is at most the modules the current bests name. `flush` waits for all of
+it and is called before every checkpoint (train/loop.py), so a
+checkpoint never gets ahead of best.json, and before snapshots are read.
 """
 
 from concurrent import futures
 import json
 import re
+import threading
 
 from absl import logging
 from etils import epath
@@ -75,9 +77,15 @@ class EarlyStopping:
                       sorted(set(best) - set(self.best)), self.directory)
     if multihost.is_writer():
       self._remove_unnamed()
+    # What waits for the writer thread (all under `_lock`): module
+    # snapshots not on disk yet (directory -> (device arrays, meta)), the
+    # newest best.json, and snapshots no best names any more.
+    self._lock = threading.Lock()
+    self._pending, self._best_pending, self._stale = {}, None, set()
+    self._writing = False
     self._writer = futures.ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="early_stopping")
-    self._in_flight = None  # The last round's writes (a Future).
+    self._in_flight = None  # The writer's current task (a Future).
 
   def _modules(self, path: int, step: int) -> list[epath.Path]:
     """The snapshot directories of `path`'s modules at `step`."""
@@ -117,8 +125,6 @@ class EarlyStopping:
 
   def __call__(self, step: int, state) -> None:
     bank = state["outer"]["params"]
-    # Bounds what waits to be written (device memory) to one round's modules.
-    self.flush()
     improved, before = [], dict(self.best)
     for p, layout in enumerate(self.layouts):
       params = self.runtime.path_params(bank, p)
@@ -129,29 +135,58 @@ class EarlyStopping:
       if old is None or loss < old["loss"]:
         improved.append(p)
         self.best[str(p)] = {"loss": loss, "step": step}
-    if multihost.is_writer():  # Every process takes the same decisions.
-      # Each module of an improving path once. They are gathered from the
-      # bank, not the train state's own buffers, so the next steps'
-      # donation cannot free them while they wait.
-      modules = {(s, int(self.expert_PxS[p][i])) for p in improved
-                 for i, s in enumerate(self.slots)}
-      arrays = {(s, e): jax.tree.map(lambda x, e=e: x[e], bank[s])
-                for s, e in sorted(modules)}
-      stale = self._named(before) - self._named(self.best)
-      self._in_flight = self._writer.submit(self._write, step, arrays,
-                                            dict(self.best), stale)
+    if not multihost.is_writer():  # Every process takes the same decisions.
+      return
+    # Each module of an improving path once. They are gathered from the
+    # bank, not the train state's own buffers, so the next steps' donation
+    # cannot free them while they wait.
+    modules = {(s, int(self.expert_PxS[p][i])) for p in improved
+               for i, s in enumerate(self.slots)}
+    stale = self._named(before) - self._named(self.best)
+    with self._lock:
+      for slot, expert in sorted(modules):
+        self._pending[self._module(slot, expert, step)] = (
+            jax.tree.map(lambda x, e=expert: x[e], bank[slot]),
+            {"slot": slot, "expert": expert, "step": step})
+      for snapshot in stale:  # A best replaced before it was written is
+        self._pending.pop(snapshot, None)  # never written.
+      self._stale |= stale
+      self._best_pending = dict(self.best)
+      start = not self._writing
+      self._writing = True
+    if start:
+      if self._in_flight is not None:
+        self._in_flight.result()  # Re-raises a failed write.
+      self._in_flight = self._writer.submit(self._write_pending)
 
-  def _write(self, step: int, arrays: dict, best: dict, stale: set) -> None:
-    """One round's new module snapshots, then best.json, then the
-    snapshots no best names any more."""
-    for (slot, expert), module in arrays.items():
-      items.save_tree(self._module(slot, expert, step),
-                      jax.device_get(module),
-                      {"slot": slot, "expert": expert, "step": step})
-    atomic.write_json(self.best_path, best)
-    for snapshot in stale:
-      if snapshot.exists():
-        snapshot.rmtree()
+  def _write_pending(self) -> None:
+    """The writer thread: writes what waits (new module snapshots, then the
+    best.json naming them, then the snapshots no best names), again while
+    outer steps add more, so bests replaced meanwhile are skipped."""
+    try:
+      while True:
+        with self._lock:
+          if self._best_pending is None:
+            self._writing = False
+            return
+          pending, best, stale = (dict(self._pending), self._best_pending,
+                                  set(self._stale))
+          self._best_pending = None
+          self._stale -= stale
+        for directory, (module, meta) in pending.items():
+          items.save_tree(directory, jax.device_get(module), meta)
+        atomic.write_json(self.best_path, best)
+        for snapshot in stale:
+          if snapshot.exists():
+            snapshot.rmtree()
+        with self._lock:
+          for directory, module in pending.items():
+            if self._pending.get(directory) is module:
+              del self._pending[directory]
+    except BaseException:
+      with self._lock:
+        self._writing = False
+      raise
 
   def flush(self) -> None:
     """Waits until everything decided so far is on disk; re-raises a
