@@ -17,8 +17,8 @@ result carries its device idle gaps and the host threads' stacks in them
 (`trace_gaps`, bench/trace_gaps.py): where the loop loses to the bare step.
 With `--early_stopping_tokens=N` the loop runs per-path early stopping
 (`eval/early_stopping.py`) after every outer step, each path scored on N
-random held-out tokens of its own; the result then counts the snapshots it
-saved (`early_stopping_saves`).
+random held-out tokens of its own; the result then counts the path bests
+it kept, i.e. paths that improved at an outer step (`early_stopping_saves`).
 
 Ratios compare each config against its own 1-GPU figure in the same call.
 """
@@ -104,7 +104,7 @@ def child(args):
 
 def _early_stopping(runtime, tokens_per_path: int, run_dir: str):
   """Per-path early stopping on random held-out documents of 1,000 tokens,
-  counting the snapshots it decides to save."""
+  counting the path bests it keeps."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from dipaco_jax.data import token_store  # pylint: disable=g-import-not-at-top
   from dipaco_jax.eval import early_stopping  # pylint: disable=g-import-not-at-top

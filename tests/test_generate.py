@@ -120,8 +120,8 @@ def tiny(tmp_path_factory):
   _save_run(workdir, "base", runs["base"], vocab, tokenizer, rng)
   _save_run(workdir, "dense", runs["dense"], vocab, tokenizer, rng)
   # Path 1's early-stopping snapshot, which evaluation scores instead of
-  # its final modules (`eval/early_stopping.py` writes these).
-  # One snapshot per module of the path.
+  # its final modules: one snapshot per module, as `eval/early_stopping.py`
+  # writes them.
   stopped = workdir / "runs" / "dipaco" / "early_stopping"
   path_1 = _random_path(runtime, rng)
   for slot, expert in zip(runtime.topology.slots,
