@@ -72,3 +72,39 @@ def test_parameters_on_the_devices_are_scored_without_a_host_copy():
       routed.token_nll(runtime.model, params, layout, 3),
       routed.token_nll(runtime.model, jax.device_get(params), layout, 3),
       rtol=1e-6, atol=1e-6)
+
+
+def test_paths_on_their_own_windows_in_one_program():
+  """Early stopping scores each path on its own held-out windows, a group
+  of paths at once over 8 devices: the sums equal scoring each path alone
+  on one device, whatever the windows' counts (none included)."""
+  runtime = testing.tiny_runtime(testing.tiny_config(shape="2x2", inner_steps=2))
+  bank = jax.device_get(runtime.init_state(jax.random.key(0))["outer"]
+                        ["params"])
+  rng = np.random.default_rng(2)
+  bank = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape)
+                      .astype(x.dtype), bank)
+  params = [runtime.path_params(bank, p) for p in range(4)]
+  seq_len = runtime.config.data.seq_len
+  docs = []
+  for lengths in ([40, 9, 23], [400], [17, 33, 12, 8, 61], [3]):
+    tokens = rng.integers(4, testing.TINY_VOCAB, sum(lengths))
+    docs.append(token_store.TokenDocs(tokens, np.r_[0, np.cumsum(lengths)]))
+  layouts = [routed.make_layout(d, seq_len, prefix_len=4) for d in docs]
+  counts = [len(layout.windows["inputs"]) for layout in layouts]
+  assert counts[3] == 0 and len(set(counts)) == 4, counts
+  got_G = sharded.own_windows_nll_sums(runtime.model, params, layouts, 3)
+  one_device = [jax.devices()[0]]
+  for p in range(3):
+    want = sharded.group_token_nll(runtime.model, [params[p]], layouts[p], 3,
+                                   devices=one_device)[0].sum()
+    np.testing.assert_allclose(got_G[p], want, rtol=1e-5)
+  assert got_G[3] == 0
+  # On the devices, as early stopping passes them: the same sums.
+  device_params = [runtime.path_params(runtime.init_state(jax.random.key(0))
+                                       ["outer"]["params"], p)
+                   for p in range(4)]
+  np.testing.assert_allclose(
+      sharded.own_windows_nll_sums(runtime.model, device_params, layouts, 3),
+      sharded.own_windows_nll_sums(runtime.model, jax.device_get(
+          device_params), layouts, 3), rtol=1e-6)

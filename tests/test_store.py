@@ -17,6 +17,7 @@ import pytest
 
 from dipaco_jax.eval import early_stopping
 from dipaco_jax.eval import routed
+from dipaco_jax.eval import sharded
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
 
@@ -208,8 +209,8 @@ def _stopper(directory, monkeypatch):
   use) and "x" (one module each); a path's held-out loss is its x[0]."""
   monkeypatch.setattr(routed, "make_layout", lambda docs, seq_len, prefix: (
       types.SimpleNamespace(windows={"weights": np.ones(1)})))
-  monkeypatch.setattr(routed, "token_nll", lambda model, params, layout, b: (
-      np.asarray(params["x"][:1])))
+  monkeypatch.setattr(sharded, "own_windows_nll_sums", lambda model, params,
+                      layouts, b: np.array([p["x"][0] for p in params]))
   topology = types.SimpleNamespace(
       slots=[types.SimpleNamespace(name="shared"),
              types.SimpleNamespace(name="x")],

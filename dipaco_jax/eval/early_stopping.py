@@ -44,6 +44,7 @@ from etils import epath
 import jax
 
 from dipaco_jax.eval import routed
+from dipaco_jax.eval import sharded
 from dipaco_jax.parallel import multihost
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
@@ -126,11 +127,7 @@ class EarlyStopping:
   def __call__(self, step: int, state) -> None:
     bank = state["outer"]["params"]
     improved, before = [], dict(self.best)
-    for p, layout in enumerate(self.layouts):
-      params = self.runtime.path_params(bank, p)
-      nll = routed.token_nll(self.runtime.model, params, layout,
-                             self.batch_size)
-      loss = float(nll.sum() / max(layout.windows["weights"].sum(), 1.0))
+    for p, loss in enumerate(self._losses(bank)):
       old = self.best.get(str(p))
       if old is None or loss < old["loss"]:
         improved.append(p)
@@ -158,6 +155,23 @@ class EarlyStopping:
       if self._in_flight is not None:
         self._in_flight.result()  # Re-raises a failed write.
       self._in_flight = self._writer.submit(self._write_pending)
+
+  def _losses(self, bank) -> list[float]:
+    """Each path's mean NLL on its held-out windows, scored a group of
+    paths at a time (one per device of this process, as evaluation groups
+    them), each group one program per batch and one read at the end."""
+    num_paths = len(self.layouts)
+    group = sharded.auto_group_size(num_paths, jax.local_device_count(), 0)
+    losses = []
+    for first in range(0, num_paths, group):
+      paths = range(first, min(first + group, num_paths))
+      sums = sharded.own_windows_nll_sums(
+          self.runtime.model, [self.runtime.path_params(bank, p)
+                               for p in paths],
+          [self.layouts[p] for p in paths], self.batch_size)
+      losses += [float(total / max(self.layouts[p].windows["weights"].sum(),
+                                   1.0)) for p, total in zip(paths, sums)]
+    return losses
 
   def _write_pending(self) -> None:
     """The writer thread: writes what waits (new module snapshots, then the

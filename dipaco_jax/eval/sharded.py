@@ -95,6 +95,54 @@ def group_token_nll(model, params_list, layout, batch_size: int,
   return out_GxMxL
 
 
+@functools.lru_cache(maxsize=16)
+def _own_windows_scorer(model, mesh):
+  """jit(vmap over paths) of `_token_nll` summed: path g scores its own
+  windows, [G, B, L] inputs -> [G] weighted NLL sums."""
+  def nll_sum(params, inputs_BxL, targets_BxL, weights_BxL):
+    return _token_nll(model, params, inputs_BxL, targets_BxL,
+                      weights_BxL).sum()
+  return jax.jit(jax.vmap(nll_sum), out_shardings=NamedSharding(mesh,
+                                                                P("path")))
+
+
+def own_windows_nll_sums(model, params_list, layouts, batch_size: int,
+                         devices=None) -> np.ndarray:
+  """[G] weighted NLL sums, path g scored on `layouts[g]`'s windows only
+  (early stopping: each path on its own held-out documents). The G paths
+  run in one program per batch, sharded like `group_token_nll`'s, and the
+  sums stay on the devices until the one read at the end."""
+  g = len(params_list)
+  mesh = eval_mesh(g, devices)
+  data_axis = mesh.shape["data"]
+  batch = -(-batch_size // data_axis) * data_axis
+  params = jax.device_put(stack_params(params_list),
+                          NamedSharding(mesh, P("path")))
+  rows = NamedSharding(mesh, P("path", "data"))
+  nll_fn = _own_windows_scorer(model, mesh)
+  windows = [layout.windows for layout in layouts]
+  seq_len = windows[0]["inputs"].shape[1]
+  total_G = jnp.zeros(g, jnp.float32)
+  for start in range(0, max(len(w["inputs"]) for w in windows), batch):
+    inputs, targets, weights = (
+        np.zeros((g, batch, seq_len), dtype) for dtype in (
+            windows[0]["inputs"].dtype, windows[0]["targets"].dtype,
+            np.float32))
+    for k, w in enumerate(windows):
+      m = len(w["inputs"])
+      if not m:
+        continue  # Zero windows, weighted 0.
+      idx = np.arange(start, min(start + batch, m))
+      # Padded with copies of a real window, weighted 0 (as
+      # `group_token_nll`), so no padding can make a NaN.
+      take = np.concatenate([idx, np.zeros(batch - len(idx), np.int64)])
+      inputs[k], targets[k] = w["inputs"][take], w["targets"][take]
+      weights[k, :len(idx)] = w["weights"][idx]
+    total_G = total_G + nll_fn(params, *(jax.device_put(a, rows) for a in (
+        inputs, targets, weights)))
+  return np.asarray(total_G)
+
+
 def score_paths(model, path_params, num_paths: int, layout, batch_size: int,
                 on_path, group: int = 0, devices=None) -> None:
   """Calls `on_path(p, nll_MxL)` for every path p in order, scoring `group`
