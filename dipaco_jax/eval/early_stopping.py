@@ -132,19 +132,22 @@ class EarlyStopping:
       if old is None or loss < old["loss"]:
         improved.append(p)
         self.best[str(p)] = {"loss": loss, "step": step}
-    if not multihost.is_writer():  # Every process takes the same decisions.
-      return
-    # Each module of an improving path once. They are gathered from the
-    # bank, not the train state's own buffers, so the next steps' donation
-    # cannot free them while they wait.
+    # Each module of an improving path once, gathered on every process (a
+    # computation over a bank that spans processes needs them all). They
+    # are gathered from the bank, not the train state's own buffers, so
+    # the next steps' donation cannot free them while they wait.
     modules = {(s, int(self.expert_PxS[p][i])) for p in improved
                for i, s in enumerate(self.slots)}
+    arrays = {(slot, expert): jax.tree.map(lambda x, e=expert: x[e],
+                                           bank[slot])
+              for slot, expert in sorted(modules)}
+    if not multihost.is_writer():  # Every process takes the same decisions.
+      return
     stale = self._named(before) - self._named(self.best)
     with self._lock:
-      for slot, expert in sorted(modules):
+      for (slot, expert), module in arrays.items():
         self._pending[self._module(slot, expert, step)] = (
-            jax.tree.map(lambda x, e=expert: x[e], bank[slot]),
-            {"slot": slot, "expert": expert, "step": step})
+            module, {"slot": slot, "expert": expert, "step": step})
       for snapshot in stale:  # A best replaced before it was written is
         self._pending.pop(snapshot, None)  # never written.
       self._stale |= stale
@@ -153,7 +156,12 @@ class EarlyStopping:
       self._writing = True
     if start:
       if self._in_flight is not None:
-        self._in_flight.result()  # Re-raises a failed write.
+        try:  # The last task has ended or is ending: re-raise its error.
+          self._in_flight.result()
+        except BaseException:
+          with self._lock:
+            self._writing = False
+          raise
       self._in_flight = self._writer.submit(self._write_pending)
 
   def _losses(self, bank) -> list[float]:
@@ -205,9 +213,9 @@ class EarlyStopping:
   def flush(self) -> None:
     """Waits until everything decided so far is on disk; re-raises a
     failed write."""
-    in_flight, self._in_flight = self._in_flight, None
-    if in_flight is not None:
-      in_flight.result()
+    if self._in_flight is not None:
+      self._in_flight.result()  # Raises again if called again.
+      self._in_flight = None
 
   def best_params(self, path: int, like):
     """The path's best snapshot, shaped and placed like `like` (a path param
