@@ -66,17 +66,24 @@ def stack_params(params_list):
   return jax.tree.map(lambda *x: stack(x), *params_list)
 
 
-def group_token_nll(model, params_list, layout, batch_size: int,
-                    devices=None) -> np.ndarray:
-  """[G, M, L] weighted per-token NLL of `layout`'s windows under each of
-  the G parameter trees of `params_list` (each a path's parameters)."""
-  g = len(params_list)
-  mesh = eval_mesh(g, devices)
+def _placed(params_list, batch_size: int, devices):
+  """(mesh, windows per batch, the G stacked parameter trees placed with
+  paths over `path`) for scoring a group of G paths."""
+  mesh = eval_mesh(len(params_list), devices)
   data_axis = mesh.shape["data"]
   # Every data device gets the same number of windows per batch.
   batch = -(-batch_size // data_axis) * data_axis
   params = jax.device_put(stack_params(params_list),
                           NamedSharding(mesh, P("path")))
+  return mesh, batch, params
+
+
+def group_token_nll(model, params_list, layout, batch_size: int,
+                    devices=None) -> np.ndarray:
+  """[G, M, L] weighted per-token NLL of `layout`'s windows under each of
+  the G parameter trees of `params_list` (each a path's parameters)."""
+  g = len(params_list)
+  mesh, batch, params = _placed(params_list, batch_size, devices)
   rows = NamedSharding(mesh, P("data"))
   nll_fn = _scorer(model, mesh)
   w = layout.windows
@@ -113,11 +120,7 @@ def own_windows_nll_sums(model, params_list, layouts, batch_size: int,
   run in one program per batch, sharded like `group_token_nll`'s, and the
   sums stay on the devices until the one read at the end."""
   g = len(params_list)
-  mesh = eval_mesh(g, devices)
-  data_axis = mesh.shape["data"]
-  batch = -(-batch_size // data_axis) * data_axis
-  params = jax.device_put(stack_params(params_list),
-                          NamedSharding(mesh, P("path")))
+  mesh, batch, params = _placed(params_list, batch_size, devices)
   rows = NamedSharding(mesh, P("path", "data"))
   nll_fn = _own_windows_scorer(model, mesh)
   windows = [layout.windows for layout in layouts]
