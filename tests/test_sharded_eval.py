@@ -108,3 +108,43 @@ def test_paths_on_their_own_windows_in_one_program():
       sharded.own_windows_nll_sums(runtime.model, device_params, layouts, 3),
       sharded.own_windows_nll_sums(runtime.model, jax.device_get(
           device_params), layouts, 3), rtol=1e-6)
+
+
+def test_paths_gathered_from_a_device_bank_in_one_program():
+  """Early stopping gathers a group from the train state's bank straight
+  into the scoring layout: each device holds only its own path (not the
+  whole group), the parameters are exactly the path's, and the sums equal
+  those of the stacked path parameters."""
+  runtime = testing.tiny_runtime(testing.tiny_config(shape="2x2", inner_steps=2))
+  bank = runtime.init_state(jax.random.key(0))["outer"]["params"]
+  rng = np.random.default_rng(3)
+  shardings = jax.tree.map(lambda x: x.sharding, bank)
+  bank = jax.device_put(jax.tree.map(
+      lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(x.dtype),
+      jax.device_get(bank)), shardings)
+  devices = sharded.bank_devices(bank)
+  assert devices == list(runtime.mesh.devices.flat)
+  assert sharded.bank_devices(jax.device_get(bank)) is None  # Host bank.
+  topology = runtime.topology
+  rows_GxS = topology.path_assignment_PxS()[[3, 1, 2, 0]]
+  mesh, params = sharded.gather_paths(
+      bank, [s.name for s in topology.slots], rows_GxS, devices)
+  assert dict(mesh.shape) == {"path": 4, "data": 2}
+  for leaf in jax.tree.leaves(params):
+    assert leaf.shape[0] == 4
+    assert {s.data.shape[0] for s in leaf.addressable_shards} == {1}
+  for g, p in enumerate([3, 1, 2, 0]):
+    jax.tree.map(lambda got, want, g=g: np.testing.assert_array_equal(
+        np.asarray(got)[g], np.asarray(want)),
+        params, runtime.path_params(bank, p))
+  seq_len = runtime.config.data.seq_len
+  tokens = rng.integers(4, testing.TINY_VOCAB, 200)
+  layouts = [routed.make_layout(token_store.TokenDocs(
+      np.roll(tokens, 7 * g), np.array([0, 50, 200])), seq_len, prefix_len=4)
+             for g in range(4)]
+  np.testing.assert_allclose(
+      sharded.placed_own_windows_nll_sums(runtime.model, mesh, params,
+                                          layouts, 3),
+      sharded.own_windows_nll_sums(
+          runtime.model, [runtime.path_params(bank, p) for p in [3, 1, 2, 0]],
+          layouts, 3), rtol=1e-6)

@@ -170,13 +170,22 @@ class EarlyStopping:
     them), each group one program per batch and one read at the end."""
     num_paths = len(self.layouts)
     group = sharded.auto_group_size(num_paths, jax.local_device_count(), 0)
+    devices = sharded.bank_devices(bank)
+    topology = self.runtime.topology
     losses = []
     for first in range(0, num_paths, group):
       paths = range(first, min(first + group, num_paths))
-      sums = sharded.own_windows_nll_sums(
-          self.runtime.model, [self.runtime.path_params(bank, p)
-                               for p in paths],
-          [self.layouts[p] for p in paths], self.batch_size)
+      layouts = [self.layouts[p] for p in paths]
+      if devices is None:  # A host bank, or one spanning processes.
+        sums = sharded.own_windows_nll_sums(
+            self.runtime.model, [self.runtime.path_params(bank, p)
+                                 for p in paths], layouts, self.batch_size)
+      else:
+        mesh, params = sharded.gather_paths(
+            bank, [s.name for s in topology.slots],
+            topology.path_assignment_PxS()[list(paths)], devices)
+        sums = sharded.placed_own_windows_nll_sums(
+            self.runtime.model, mesh, params, layouts, self.batch_size)
       losses += [float(total / max(self.layouts[p].windows["weights"].sum(),
                                    1.0)) for p, total in zip(paths, sums)]
     return losses

@@ -1,8 +1,10 @@
 #!/bin/bash
-# Early stopping's grouped scoring, session 19's last unmeasured change:
-# "seq" = this tree with fix_es_grouped.patch reversed (the paths scored one
-# after another, session 19's measured "coalesce" code), "grouped" = this
-# tree (a group of paths at once, one per device). bench/scaling.py, 65,536
+# Early stopping's grouped scoring, session 19's last unmeasured change.
+# Call 1: "seq" = the tree with fix_es_grouped.patch reversed (the paths
+# scored one after another, session 19's measured "coalesce" code),
+# "grouped" = the tree at f9134e4 (a group of paths at once, one per
+# device, their parameters stacked on every device). Call 2 (ab_gather.sh)
+# reruns it after the gather change. bench/scaling.py, 65,536
 # held-out tokens a path, K = 8, 400 steps (8 rounds of H = 50). Runs with
 # early stopping one at a time (they write snapshots to the same disk); the
 # 1-GPU runs without it on GPU 3 meanwhile.
