@@ -6,11 +6,14 @@
 # mesh (fix_es_gather.patch reversed; call 1's "grouped"), "gather" = this
 # tree (the group gathered from the bank straight into the scoring layout,
 # one jitted program). bench/scaling.py, 65,536 held-out tokens a path,
-# K = 8, 400 steps, 4 GPUs, runs one at a time.
-# Usage: bash ab_gather.sh OUT
+# K = 8, 400 steps, on the GPUs of $GPUS (default 0,1,2,3), runs one at a
+# time.
+# Usage: [GPUS=0,1] bash ab_gather.sh OUT
 set -u
 out=${1:?OUT}; mkdir -p "$out"
 root=$PWD
+gpus=${GPUS:-0,1,2,3}
+n=$(echo "$gpus" | tr ',' '\n' | wc -l)
 here=$root/bench/results/session20_h100x4
 for t in stack seq; do
   rm -rf /tmp/$t && mkdir -p /tmp/$t && cp -r dipaco_jax bench experiments /tmp/$t/
@@ -19,11 +22,11 @@ done
 (cd /tmp/seq && patch -s -R -p1 < "$here/fix_es_grouped.patch") || exit 1
 run() {  # tree name config es_tokens
   local dir=$1 name=$2 cfg=$3 es=$4
-  (cd "$dir" && CUDA_VISIBLE_DEVICES=0,1,2,3 PYTHONPATH=/tmp/site:$dir:$dir/bench \
-    timeout 110 python bench/scaling.py --configs=experiments/$cfg.py --devices=4 \
+  (cd "$dir" && CUDA_VISIBLE_DEVICES=$gpus PYTHONPATH=/tmp/site:$dir:$dir/bench \
+    timeout 110 python bench/scaling.py --configs=experiments/$cfg.py --devices=$n \
     --steps=400 --timeout=105 --set=train.steps_per_dispatch=8 \
     --early_stopping_tokens=$es \
-    --out="$out/${cfg}_${name}_g4.json") > "$out/${cfg}_${name}_g4.log" 2>&1
+    --out="$out/${cfg}_${name}_g${n}.json") > "$out/${cfg}_${name}_g${n}.log" 2>&1
 }
 run "$root" none dipaco_2x2 0
 run /tmp/seq seq dipaco_2x2 65536
@@ -32,9 +35,9 @@ run "$root" gather dipaco_2x2 65536
 run "$root" none dipaco_4x4 0
 run /tmp/seq seq dipaco_4x4 65536
 run "$root" gather dipaco_4x4 65536
-python - "$out" <<'PY'
+python - "$out" "$n" <<'PY'
 import json, sys, glob, os
-out = sys.argv[1]
+out, n = sys.argv[1], sys.argv[2]
 r = {}
 for f in glob.glob(f"{out}/*.json"):
   try:
@@ -44,9 +47,9 @@ for f in glob.glob(f"{out}/*.json"):
 print("| config | code | loop tokens/s | vs no early stopping | path bests saved |")
 print("| --- | --- | --- | --- | --- |")
 for cfg in ("dipaco_2x2", "dipaco_4x4"):
-  base = r.get(f"{cfg}_none_g4")
+  base = r.get(f"{cfg}_none_g{n}")
   for name in ("none", "seq", "stack", "gather"):
-    d = r.get(f"{cfg}_{name}_g4")
+    d = r.get(f"{cfg}_{name}_g{n}")
     if d is None:
       continue
     if "error" in d or base is None or "error" in base:
