@@ -61,6 +61,14 @@
 #                         and error feedback decayed by 0.9 (118x fewer)
 #   one_round_lr1_topkc_ef  one_round at outer lr 1.0 with topkc_ef's
 #                         compressor (comm_quality.sh's combined arm)
+# The eighth round (session 20; STEPS=3000, NAMES="int4_ef
+# int4_ef_down_int4 int4_ef_down_e3m0"; `diloco.download_compression`,
+# built in session 20: what workers read back compressed too, fixed before
+# the call from the upload codecs that cost nothing):
+#   int4_ef               int4 + error feedback (comm_quality.sh's arm)
+#   int4_ef_down_int4     the same, and each module's change read back in
+#                         int4 (7.8x fewer bytes both ways)
+#   int4_ef_down_e3m0     the same with the change read back in e3m0
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # The data and the dense base are built once (a 1-step run), then
@@ -109,6 +117,9 @@ declare -A ARMS=(
   [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $d.compression=int4 $d.error_feedback=True"
   [lowrank_int4_ef]="$d.compression=lowrank $d.error_feedback=True $d.compression_rank_max=20 $d.compression_energy=1.0 $d.compression_factor_bits=4 $d.error_feedback_decay=0.9"
   [one_round_lr1_topkc_ef]="$d.delay=one_round $d.outer_lr=1.0 $topkc"
+  [int4_ef]="$d.compression=int4 $d.error_feedback=True"
+  [int4_ef_down_int4]="$d.compression=int4 $d.error_feedback=True $d.download_compression=int4"
+  [int4_ef_down_e3m0]="$d.compression=int4 $d.error_feedback=True $d.download_compression=e3m0"
 )
 # shellcheck disable=SC2086
 base=_stages run_lanes diloco_x8 ${NAMES:-sparseloco one_round_avg topkc_ef \

@@ -61,7 +61,10 @@ def arm_figures(out: Path, name: str) -> dict | None:
   sent = run.get("bytes_sent")
   f32 = sent["float32_per_worker_round"] if sent else None
   per_round = sent["per_worker_round"] if sent else None
-  return {"perplexity": model["perplexity"], "sent": per_round,
+  # What a worker reads back: float32 modules unless downloads are
+  # compressed (diloco.download_compression).
+  read = sent.get("received_per_worker_round", f32) if sent else None
+  return {"perplexity": model["perplexity"], "sent": per_round, "read": read,
           "float32": f32, "train_loss": train_tail_loss(out, name),
           "tokens_per_s": run.get("tokens_per_s")}
 
@@ -90,8 +93,9 @@ def choose(out: Path) -> str:
 def table(out: Path, baseline: str = "diloco_x8") -> str:
   base = arm_figures(out, baseline)
   rows = [f"| arm | validation perplexity | vs {baseline} | bytes sent per "
-          "worker per round | fewer than float32 | train loss (last 10%) |",
-          "| --- | --- | --- | --- | --- | --- |"]
+          "worker per round | fewer than float32 | bytes read back per "
+          "worker per round | sent + read, fewer than float32 | train loss "
+          "(last 10%) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
   names = arm_names(out)  # The baseline's row first.
   for name in sorted(names, key=lambda n: n != baseline):
     f = arm_figures(out, name)
@@ -103,9 +107,12 @@ def table(out: Path, baseline: str = "diloco_x8") -> str:
            else "")
     ratio = f"{f32 / sent:,.1f}x" if f32 and sent else "1x"
     sent_text = f"{sent / 1e6:,.2f} MB" if sent else "float32"
+    read = f["read"] if f["read"] is not None else f32
+    read_text = f"{read / 1e6:,.2f} MB" if read else "float32"
+    both = f"{2 * f32 / (sent + read):,.1f}x" if f32 and sent and read else "1x"
     loss = f"{f['train_loss']:.4f}" if f["train_loss"] else ""
     rows.append(f"| {name} | {f['perplexity']:.3f} | {rel} | {sent_text} | "
-                f"{ratio} | {loss} |")
+                f"{ratio} | {read_text} | {both} | {loss} |")
   return "\n".join(rows)
 
 

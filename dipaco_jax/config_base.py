@@ -177,6 +177,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.compression_topk_chunk = 0
   # SparseLoCo's accumulator e <- decay * e + delta; 1 = plain feedback.
   c.diloco.error_feedback_decay = 1.0
+  # What workers read back: the modules' new versions as they are (none),
+  # or each module's change since the copy the workers hold, compressed
+  # (int8 | int4 | e3m0, per block of compression_block_size; the copy
+  # trails the global modules by what was not yet sent, which the next
+  # round's change carries). SPMD runtime, delay none only.
+  c.diloco.download_compression = "none"
   # Per-slot overrides "SELECTOR=key:value+key:value;..." by a slot's name
   # or kind (shared | level | private), e.g. "level=compression:int8".
   c.diloco.per_slot = ""

@@ -167,6 +167,7 @@ _CHOICES = {
                      "overlap"),
     "diloco.compression": ("none", "int8", "int4", "e3m0", "lowrank",
                            "topk"),
+    "diloco.download_compression": ("none", "int8", "int4", "e3m0"),
 }
 
 

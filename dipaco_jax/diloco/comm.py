@@ -27,12 +27,22 @@ class SlotComm:
   its workers' contributions are compressed."""
   delay: str = "none"
   spec: compress.CompressionSpec = compress.CompressionSpec()
+  # What the workers read back (`diloco.download_compression`): the codec
+  # of each module's change since the workers' copy; "none" = the new
+  # version itself.
+  download: str = "none"
 
   @property
   def plain(self) -> bool:
     """Today's DiLoCo step: nothing delayed, nothing compressed."""
     return (self.delay == "none" and self.spec.name == "none"
-            and not self.spec.error_feedback)
+            and not self.spec.error_feedback and self.download == "none")
+
+  @property
+  def download_spec(self) -> compress.CompressionSpec:
+    """The download codec's spec (block size shared with the upload's)."""
+    return compress.CompressionSpec(name=self.download,
+                                    block_size=self.spec.block_size)
 
   @property
   def delayed(self) -> bool:
@@ -56,9 +66,13 @@ def _parse_value(field: str, raw: str):
   return kind(raw)
 
 
+DOWNLOAD_CODECS = ("none", "int8", "int4", "e3m0")
+
+
 def _default(config) -> SlotComm:
   d = config.diloco
-  return SlotComm(d.delay, compress.spec_from_config(d))
+  return SlotComm(d.delay, compress.spec_from_config(d),
+                  getattr(d, "download_compression", "none"))
 
 
 def _override(base: SlotComm, text: str, selector: str) -> SlotComm:
@@ -85,7 +99,8 @@ def _override(base: SlotComm, text: str, selector: str) -> SlotComm:
     raise UserError(f"config.diloco.per_slot: {selector}: compression "
                     f"{spec['name']!r} is not one of "
                     f"{', '.join(compress.NAMES)}.")
-  return SlotComm(delay, dataclasses.replace(base.spec, **spec))
+  return SlotComm(delay, dataclasses.replace(base.spec, **spec),
+                  base.download)
 
 
 def comm_by_slot(config, slots) -> dict[str, SlotComm]:
@@ -147,6 +162,12 @@ def check_config(config) -> None:
   slots = paths_lib.topology_from_config(config).slots
   comms = comm_by_slot(config, slots)
   _check_overlap(config, {c.delay for c in comms.values()})
+  if d.download_compression != "none" and any(
+      c.delayed for c in comms.values()):
+    config_fields.fail(
+        "diloco.download_compression", f"{d.download_compression!r} runs "
+        "with delay none only (every slot); set it to none or the delay "
+        "to none.")
   for name, slot_comm in comms.items():
     try:
       compress.make_codec(slot_comm.spec)

@@ -8,6 +8,19 @@ restart) with two additions per slot (`diloco/comm.py` says which):
 of c_w; with error feedback it keeps e_w <- c_w + e_w - C(c_w + e_w) for the
 next round. The module's pseudo-gradient is mixed from what was sent.
 
+**Compressed downloads** (`diloco.download_compression`, delay none
+only; ours, in the spirit of bidirectional compression with error
+feedback, e.g. DoubleSqueeze, Tang et al. 2019). What the workers read
+back is not the new global modules g but the change of their copy p of
+them, encoded with a block codec C_d (one broadcast per module):
+
+  p   <- p + C_d(g - p)                   (after the outer step)
+  x_w <- p[e(w)],  c_w = p[e(w)] - x_w    (rounds start from the copy)
+
+g stays the model of record (evaluation, checkpoints' bank); what C_d
+dropped stays in g - p and is sent with the next round's change, so p
+trails g by one round's quantization error, not more.
+
 **Delay** `one_round` (DiLoCoX's one-step-delay overlap; our reading, the
 paper's equations were not available, see docs/DESIGN.md). Round r's
 contributions travel while every worker trains round r + 1 from its own
@@ -103,6 +116,9 @@ Everything lives in the state, so a checkpoint holds the round in flight:
   outer.pending        {slot: [K, ...]}  the mixed pseudo-gradient in flight
   outer.pending_users  {slot: [K]}       its weighted users per module
   outer.has_pending    int32             1 once a round is in flight
+  outer.published      {slot: [K, ...]}  compressed downloads: the
+                                         workers' copy of the modules
+  inner.recv_bytes_W   [W]               its payload bytes, read per worker
 """
 
 import jax
@@ -165,6 +181,11 @@ def init_extra(comms: dict, inner_params: dict, bank: dict,
                                 inner_params[n]) for n in stateful}
   if not all(c.plain for c in comms.values()):
     inner["sent_bytes_W"] = jnp.zeros((num_workers,), jnp.float32)
+  download = [n for n, c in comms.items() if c.download != "none"]
+  if download:  # The workers' copy starts equal to the global modules.
+    outer["published"] = {n: jax.tree.map(jnp.copy, bank[n])
+                          for n in download}
+    inner["recv_bytes_W"] = jnp.zeros((num_workers,), jnp.float32)
   return inner, outer
 
 
@@ -205,12 +226,18 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
   num_workers = assignment_WxS.shape[0]
   users = outer_lib.users_per_module(assignment_WxS, weights_W, num_experts)
   mixing = outer_lib.mixing_matrices(assignment_WxS, weights_W, num_experts)
-  start = outer_lib.gather_workers(bank, assignment_WxS, slot_names)
+  published = outer.get("published", {})
+  # A round starts from the workers' copy of the modules: the global
+  # modules themselves, or with compressed downloads what was sent of them.
+  start = outer_lib.gather_workers(
+      {n: published.get(n, bank[n]) for n in slot_names}, assignment_WxS,
+      slot_names)
   has_pending = outer.get("has_pending", jnp.zeros((), jnp.int32)) > 0
   new_outer = copy_top(outer)
   new_inner = copy_top(inner)
   new_outer["params"], new_outer["opt_state"] = {}, {}
   bytes_W = jnp.zeros((num_workers,), jnp.float32)
+  recv_W = jnp.zeros((num_workers,), jnp.float32)
   for s, name in enumerate(slot_names):
     comm = comms[name]
     if comm.delay == "overlap":  # Two halves, tau steps apart.
@@ -224,7 +251,12 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
                             rescale_by_sqrt_users)[name]
     if not comm.delayed:
       b, o = _optimize(tx, bank, opt_state, name, delta_K, users[s] > 0)
-      new_inner["params"][name] = _gather(b, assignment_WxS, s)
+      copy_K = b
+      if name in published:
+        copy_K, recv_K = _publish(comm, published[name], b)
+        new_outer["published"][name] = copy_K
+        recv_W = recv_W + recv_K[assignment_WxS[:, s]]
+      new_inner["params"][name] = _gather(copy_K, assignment_WxS, s)
     else:
       b, o = _optimize(tx, bank, opt_state, name, outer["pending"][name],
                        outer["pending_users"][name] > 0)
@@ -254,7 +286,23 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
     new_outer["has_pending"] = jnp.ones((), jnp.int32)
   if "sent_bytes_W" in inner:
     new_inner["sent_bytes_W"] = bytes_W
+  if "recv_bytes_W" in inner:
+    new_inner["recv_bytes_W"] = recv_W
   return new_outer, new_inner
+
+
+def _publish(comm, copy_K, bank_K):
+  """Compressed downloads: (the workers' new copy of the slot's modules,
+  bytes read per module [K]). Each module's change since the copy,
+  g - p, is encoded with the download codec and p <- p + decoded; what
+  was not sent stays in g - p and goes with the next round's change, so
+  the copy trails the global modules without drifting away from them."""
+  codec = compress.make_codec(comm.download_spec)
+  change_K = jax.tree.map(lambda g, p: g.astype(jnp.float32) - p,
+                          bank_K, copy_K)
+  sent_K, _, _, bytes_K = compress_apply.compress_tree(codec, change_K,
+                                                       None, None)
+  return jax.tree.map(lambda p, d: p + d, copy_K, sent_K), bytes_K
 
 
 def flush(outer: dict, inner: dict, tx, *, comms: dict, assignment_WxS,

@@ -221,6 +221,11 @@ def check_config(config, options: IslandOptions | None = None) -> None:
         "config.diloco.delay/per_slot: islands apply one delay to every "
         "slot, none, one_round or overlap; eager, lookahead and per-slot "
         "delays are simulated by dipaco_jax.main only.")
+  if getattr(config.diloco, "download_compression", "none") != "none":
+    raise UserError(
+        "config.diloco.download_compression: compressed downloads are "
+        "simulated by dipaco_jax.main only; islands read module versions "
+        "in float32 (set it to none).")
   units_lib.check_codecs(config)
   replay.check_options(options and options.inner_state_every)
 

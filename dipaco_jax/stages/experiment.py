@@ -347,7 +347,9 @@ class Experiment:
     syncs = self.config.train.num_steps // h
     down = syncs * self.topology.num_workers * self._path_bytes()
     sent = self.bytes_sent()
-    return down + (down if sent is None else sent["total"])
+    if sent is None:
+      return 2 * down
+    return sent["total"] + sent.get("received_total", down)
 
   def _path_bytes(self) -> int:
     """Every worker holds one whole path: the model's parameters, f32."""
@@ -357,15 +359,22 @@ class Experiment:
   def bytes_sent(self) -> dict | None:
     """The workers' contributions as sent (DiLoCoX compression), measured
     per outer step: {"total", "per_worker_round", "float32_per_worker_round",
-    "rounds"}; None for a run that sends them uncompressed."""
+    "rounds"}, and with compressed downloads what they read back
+    ("received_total", "received_per_worker_round"); None for a run that
+    sends them uncompressed."""
     rows = metrics_lib.read_jsonl(
         self.run_dir / "logs" / "train" / metrics_lib.COMM_LOG)
     if not rows:
       return None
     sent_RxW = np.array([r["sent_bytes_W"] for r in rows], np.float64)
-    return {"total": int(sent_RxW.sum()), "rounds": len(rows),
-            "per_worker_round": float(sent_RxW.mean()),
-            "float32_per_worker_round": self._path_bytes()}
+    out = {"total": int(sent_RxW.sum()), "rounds": len(rows),
+           "per_worker_round": float(sent_RxW.mean()),
+           "float32_per_worker_round": self._path_bytes()}
+    if all("recv_bytes_W" in r for r in rows):  # Compressed downloads.
+      recv_RxW = np.array([r["recv_bytes_W"] for r in rows], np.float64)
+      out["received_total"] = int(recv_RxW.sum())
+      out["received_per_worker_round"] = float(recv_RxW.mean())
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

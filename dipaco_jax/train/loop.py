@@ -115,18 +115,19 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   guard = metrics_lib.DivergenceGuard(sync_every, start, state,
                                       outer_offset=sync_lib.lag_steps(sync))
 
-  def drain(done, num_steps_run, device_metrics, norm_after, sent_bytes_W):
+  def drain(done, num_steps_run, device_metrics, norm_after, comm_bytes):
     """The metrics of one dispatch: of step `done`, or [K, W] of the K
     steps ending there; when an outer step followed it, `norm_after`: the
-    parameters' (norm, finite) after that, and `sent_bytes_W`: what each
-    worker's compressed contribution weighed (a low rank's adapts:
-    measured, not computed), or None."""
-    if sent_bytes_W is not None:
+    parameters' (norm, finite) after that, and `comm_bytes`: what each
+    worker's compressed contribution weighed (`sent_bytes_W`; a low
+    rank's adapts: measured, not computed) and, with compressed
+    downloads, what it read back (`recv_bytes_W`), or None."""
+    if comm_bytes is not None:
       # A collective with several processes: all read, process 0 logs.
-      sent_W = np.asarray(multihost.to_host(sent_bytes_W))
+      host_bytes = multihost.to_host(comm_bytes)
       if writes:
-        metrics_lib.append_jsonl(comm_log, {
-            "step": done, "sent_bytes_W": sent_W.tolist()})
+        metrics_lib.append_jsonl(comm_log, {"step": done, **{
+            k: np.asarray(v).tolist() for k, v in host_bytes.items()}})
     host = multihost.to_host(device_metrics)
     if num_steps_run == 1:
       drain_step(done, host, norm_after)
@@ -190,7 +191,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         profiling.StepTracer(c.train.profile_steps, trace_dir,
                              c.train.profile_python) as tracer:
       for _, (step, n, batch) in batch_iter:
-        sent_bytes_W = None
+        comm_bytes = None
         tracer.before(step, n)
         if n == 1:
           state, device_metrics = runtime.inner_step(state, batch)
@@ -209,7 +210,8 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
             # Logged when this dispatch drains: reading it now would wait
             # for the outer step. A copy, since the next dispatch donates
             # the state's own buffer.
-            sent_bytes_W = jnp.copy(state["inner"]["sent_bytes_W"])
+            comm_bytes = {k: jnp.copy(state["inner"][k]) for k in (
+                "sent_bytes_W", "recv_bytes_W") if k in state["inner"]}
           if done == num_steps:
             # A delayed synchronizer's open rounds, before the final save.
             state = sync_lib.finish_remaining(sync, done // sync_every - 1,
@@ -227,7 +229,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         # everything queued, and left it idle once a round.
         norm_after = (metrics_lib.device_param_norm(state)
                       if guard.outer_step_at(done) else None)
-        pending.append((done, n, device_metrics, norm_after, sent_bytes_W))
+        pending.append((done, n, device_metrics, norm_after, comm_bytes))
         while len(pending) > c.train.metrics_lag:
           drain(*pending.popleft())
         if ckpt.should_save(done, num_steps):

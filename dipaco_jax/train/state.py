@@ -182,8 +182,12 @@ class Runtime:
     if "codec_state" in inner:
       inner_sh["codec_state"] = jax.tree.map(
           lambda _: worker_vector, inner["codec_state"])
-    if "sent_bytes_W" in inner:
-      inner_sh["sent_bytes_W"] = worker_vector
+    for key in ("sent_bytes_W", "recv_bytes_W"):
+      if key in inner:
+        inner_sh[key] = worker_vector
+    if "published" in outer:  # The workers' copy of the bank.
+      outer_sh["published"] = {n: self.bank_shardings[n]
+                               for n in outer["published"]}
     if "pending" in outer:
       outer_sh["pending"] = {n: self.bank_shardings[n]
                              for n in outer["pending"]}

@@ -1,0 +1,141 @@
+"""Compressed downloads (`diloco.download_compression`, comm_step.py): the
+workers' copy p of the modules follows p <- p + C(g - p), rounds start
+from it, against a hand-computed example; in the SPMD loop a kill
+resumes exactly and each round's bytes read back are logged."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dipaco_jax import config_base
+from dipaco_jax import testing
+from dipaco_jax.diloco import comm as comm_lib
+from dipaco_jax.diloco import comm_step
+from dipaco_jax.diloco import compress
+from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.errors import UserError
+from dipaco_jax.train import loop
+from dipaco_jax.train import metrics as metrics_lib
+
+# Outer SGD at lr 1 without momentum: the global module is the workers'
+# mean, g <- g - mean(c) with c = p - x.
+TX = optax.sgd(1.0)
+
+
+def _outer_step(comms, outer, inner, x_W):
+  inner = dict(inner, params={"s": {"w": x_W}})
+  return comm_step.outer_update(
+      outer, inner, TX, comms=comms,
+      assignment_WxS=np.zeros((2, 1), np.int32), slot_names=("s",),
+      weights_W=jnp.ones(2), rescale_by_sqrt_users=False)
+
+
+def test_int4_downloads_by_hand():
+  # One slot, one module of 4 values (one int4 block), two workers.
+  comms = {"s": comm_lib.SlotComm(download="int4")}
+  bank = {"s": {"w": jnp.zeros((1, 4))}}
+  inner_extra, outer_extra = comm_step.init_extra(
+      comms, {"s": {"w": jnp.zeros((2, 4))}}, bank, TX)
+  outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
+           **outer_extra}
+  inner = dict(inner_extra)
+  # Round 0: both workers end at x, so g = x = [0.7, 0.1, -0.33, 0.2]. Its
+  # change from p = 0 in int4: scale 0.7 / 7 = 0.1, codes [7, 1, -3, 2],
+  # so p = [0.7, 0.1, -0.3, 0.2]: -0.03 stays in g - p.
+  x = jnp.array([[0.7, 0.1, -0.33, 0.2]] * 2)
+  outer, inner = _outer_step(comms, outer, inner, x)
+  np.testing.assert_allclose(outer["params"]["s"]["w"], [[0.7, 0.1, -0.33,
+                                                          0.2]], atol=1e-6)
+  np.testing.assert_allclose(outer["published"]["s"]["w"],
+                             [[0.7, 0.1, -0.3, 0.2]], atol=1e-6)
+  # Every worker starts round 1 from the copy, not from g.
+  np.testing.assert_allclose(inner["params"]["s"]["w"],
+                             [[0.7, 0.1, -0.3, 0.2]] * 2, atol=1e-6)
+  # 4 values as int4 (2 bytes) and one float32 scale, per worker.
+  np.testing.assert_array_equal(inner["recv_bytes_W"], [6.0, 6.0])
+  # Round 1: each worker moves its first value by +0.1 from the copy:
+  # c = p - x = [-0.1, 0, 0, 0], g = [0.8, 0.1, -0.33, 0.2]. The change
+  # g - p = [0.1, 0, -0.03, 0] (the residual of round 0 rides along):
+  # scale 0.1 / 7, codes [7, 0, round(-2.1) = -2, 0].
+  x = inner["params"]["s"]["w"] + jnp.array([[0.1, 0.0, 0.0, 0.0]])
+  outer, inner = _outer_step(comms, outer, inner, x)
+  np.testing.assert_allclose(outer["params"]["s"]["w"],
+                             [[0.8, 0.1, -0.33, 0.2]], atol=1e-6)
+  np.testing.assert_allclose(outer["published"]["s"]["w"],
+                             [[0.8, 0.1, -0.3 - 0.2 / 7, 0.2]], atol=1e-6)
+  # Round 2: nobody moves, g stays; the copy's lag -0.03 + 0.2 / 7 is one
+  # block's absmax, sent exactly: the copy reaches g.
+  outer, inner = _outer_step(comms, outer, inner, inner["params"]["s"]["w"])
+  np.testing.assert_allclose(outer["published"]["s"]["w"],
+                             outer["params"]["s"]["w"], atol=1e-7)
+
+
+def _config(**diloco):
+  config = testing.tiny_config("2x2", inner_steps=2, num_steps=8)
+  config.ckpt.every = 2
+  config.ckpt.keep = 2
+  for key, value in diloco.items():
+    config.diloco[key] = value
+  return config
+
+
+def _train(config, run_dir, hooks=()):
+  return loop.train(testing.tiny_runtime(config),
+                    testing.RandomBatches(4, 8, config.data.seq_len),
+                    str(run_dir), {"h": "1"}, "t", hooks=hooks)
+
+
+def test_compressed_downloads_resume_exactly_and_log_their_bytes(tmp_path):
+  config = _config(download_compression="int4", compression="int4",
+                   error_feedback=True)
+  runtime = testing.tiny_runtime(config)
+  assert not runtime.comm_plain
+  assert "published" in runtime.abstract_state["outer"]
+  state = testing.assert_resume_is_exact(functools.partial(_train, config),
+                                         tmp_path, die_after=5,
+                                         resumed_from=4)
+  # The workers hold the copy, which trails the global modules a little.
+  bank, copy = state["outer"]["params"], state["outer"]["published"]
+  from_copy = outer_lib.gather_workers(copy, runtime.topology.assignment_WxS,
+                                       runtime.slot_names)
+  for a, b in zip(jax.tree.leaves(from_copy),
+                  jax.tree.leaves(state["inner"]["params"]), strict=True):
+    np.testing.assert_array_equal(a, b)
+  lag = max(float(np.abs(g - p).max()) for g, p in zip(
+      jax.tree.leaves(bank), jax.tree.leaves(copy)))
+  assert 0 < lag < 0.1 * max(float(np.abs(g).max())
+                             for g in jax.tree.leaves(bank))
+  # Each round's bytes read back: each worker's modules in int4, about
+  # 7.8x fewer than float32 (block 256), as `payload_bytes` counts them.
+  rows = metrics_lib.read_jsonl(tmp_path / "straight" / "logs" / "train" /
+                                metrics_lib.COMM_LOG)
+  assert [r["step"] for r in rows] == [2, 4, 6, 8]
+  codec = compress.make_codec(compress.CompressionSpec(name="int4"))
+  path = runtime.path_params(bank, 0)
+  want = sum(float(codec.payload_bytes(codec.encode(x, {})[0], x.shape))
+             for x in jax.tree.leaves(path))
+  f32 = 4 * sum(x.size for x in jax.tree.leaves(path))
+  for r in rows:
+    np.testing.assert_allclose(r["recv_bytes_W"], [want] * 4)
+    assert f32 / 8 < want < f32 / 7
+
+
+def test_compressed_downloads_are_refused_with_a_delay_and_on_islands(
+    tmp_path):
+  with pytest.raises(UserError, match=r"diloco.download_compression: 'int8'"
+                     r" runs with delay none only"):
+    config_base.validate(_config(download_compression="int8",
+                                 delay="one_round"), 8)
+  with pytest.raises(UserError, match="diloco.download_compression"):
+    config_base.validate(_config(download_compression="topk"), 8)
+  from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserError, match="diloco.download_compression: "
+                     "compressed downloads are simulated"):
+    pipeline.run(_config(download_compression="int4"), str(tmp_path),
+                 islands=launcher.IslandOptions(num_workers=1))
+  assert not any(tmp_path.iterdir())
