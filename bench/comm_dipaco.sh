@@ -11,6 +11,9 @@
 #   overlap_tau5            delay=overlap, the outer step 5 of H = 50
 #                           inner steps late (outer Nesterov 0.7 / 0.9)
 #   overlap_tau5_int4_ef    the same with int4 + error feedback
+# Third round (session 20, NAMES="int4_ef_down_int4"):
+#   int4_ef_down_int4       int4 + error feedback, and what the workers
+#                           read back as int4 too (download_compression)
 # The settings are the best of the DiLoCo x8 table (BUILD_NOTES.md, issue
 # 11), fixed before any DiPaCo run, not chosen on DiPaCo's validation.
 # Usage: [STEPS=500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
@@ -36,6 +39,7 @@ declare -A ARMS=(
   [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $int4"
   [one_round_lr1]="$d.delay=one_round $d.outer_lr=1.0"
   [one_round_lr1_int4_ef]="$d.delay=one_round $d.outer_lr=1.0 $int4"
+  [int4_ef_down_int4]="$int4 $d.download_compression=int4"
 )
 # What a DiPaCo arm shares with the baseline: every stage before training,
 # and the dense baseline, which no DiLoCoX setting changes.
