@@ -44,6 +44,27 @@ def tiny_runtime(config, vocab_size=TINY_VOCAB, weights_W=None,
                            np.asarray(weights_W, np.float64))
 
 
+def comm_config(**diloco):
+  """DiPaCo 2x2 with H = 2 over 8 steps, a checkpoint every 2, and the
+  given `config.diloco` fields (the communication tests' run)."""
+  config = tiny_config("2x2", inner_steps=2, num_steps=8)
+  config.ckpt.every = 2
+  config.ckpt.keep = 2
+  for key, value in diloco.items():
+    config.diloco[key] = value
+  return config
+
+
+def train_on_random_batches(config, run_dir, hooks=(), after_outer_step=()):
+  """`train.loop.train` of `config`'s tiny runtime on RandomBatches."""
+  from dipaco_jax.train import loop  # pylint: disable=g-import-not-at-top
+  runtime = tiny_runtime(config)
+  return loop.train(runtime, RandomBatches(
+      runtime.topology.num_workers, 8, config.data.seq_len), str(run_dir),
+                    {"h": "1"}, "t", hooks=hooks,
+                    after_outer_step=after_outer_step)
+
+
 class RandomBatches:
   """Deterministic random token batches [W, B, L+1] by step."""
 

@@ -14,7 +14,6 @@ from dipaco_jax import testing
 from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import comm_step
 from dipaco_jax.diloco import outer as outer_lib
-from dipaco_jax.train import loop
 
 # One slot "s" with one module (K = 1) of one scalar, used by every worker.
 # Outer SGD with lr 1 and (heavy-ball) momentum 0.5: m <- D + 0.5 m,
@@ -145,19 +144,8 @@ def test_eager_with_one_worker_is_plain_diloco():
 # The SPMD runtime's simulation.
 
 
-def _config(**diloco):
-  config = testing.tiny_config("2x2", inner_steps=2, num_steps=8)
-  config.ckpt.every = 2
-  config.ckpt.keep = 2
-  for key, value in diloco.items():
-    config.diloco[key] = value
-  return config
-
-
-def _train(config, run_dir, hooks=()):
-  return loop.train(testing.tiny_runtime(config),
-                    testing.RandomBatches(4, 8, config.data.seq_len),
-                    str(run_dir), {"h": "1"}, "t", hooks=hooks)
+_config = testing.comm_config
+_train = testing.train_on_random_batches
 
 
 def _leaves(state):

@@ -18,7 +18,6 @@ from dipaco_jax.diloco import comm_step
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.errors import UserError
-from dipaco_jax.train import loop
 from dipaco_jax.train import metrics as metrics_lib
 
 # Outer SGD at lr 1 without momentum: the global module is the workers'
@@ -74,19 +73,8 @@ def test_int4_downloads_by_hand():
                              outer["params"]["s"]["w"], atol=1e-7)
 
 
-def _config(**diloco):
-  config = testing.tiny_config("2x2", inner_steps=2, num_steps=8)
-  config.ckpt.every = 2
-  config.ckpt.keep = 2
-  for key, value in diloco.items():
-    config.diloco[key] = value
-  return config
-
-
-def _train(config, run_dir, hooks=()):
-  return loop.train(testing.tiny_runtime(config),
-                    testing.RandomBatches(4, 8, config.data.seq_len),
-                    str(run_dir), {"h": "1"}, "t", hooks=hooks)
+_config = testing.comm_config
+_train = testing.train_on_random_batches
 
 
 def test_compressed_downloads_resume_exactly_and_log_their_bytes(tmp_path):

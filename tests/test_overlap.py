@@ -19,7 +19,6 @@ from dipaco_jax.errors import UserError
 from dipaco_jax.islands import launcher
 from dipaco_jax.stages import run_configs
 from dipaco_jax.train import dispatch
-from dipaco_jax.train import loop
 from dipaco_jax.train import metrics as metrics_lib
 from dipaco_jax.train import sync as sync_lib
 
@@ -97,12 +96,7 @@ def _config(tau, delay="overlap", shape="1", replicas=2, **diloco):
   return config
 
 
-def _train(config, run_dir, hooks=(), after_outer_step=()):
-  runtime = testing.tiny_runtime(config)
-  num_workers = runtime.topology.num_workers
-  return loop.train(runtime, testing.RandomBatches(
-      num_workers, 8, config.data.seq_len), str(run_dir), {"h": "1"}, "t",
-                    hooks=hooks, after_outer_step=after_outer_step)
+_train = testing.train_on_random_batches
 
 
 def _common(state):
