@@ -3,6 +3,7 @@
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dipaco_jax import testing
 from dipaco_jax.data import token_store
@@ -113,9 +114,11 @@ def test_paths_on_their_own_windows_in_one_program():
 def test_paths_gathered_from_a_device_bank_in_one_program():
   """Early stopping gathers a group from the train state's bank straight
   into the scoring layout: each device holds only its own path (not the
-  whole group), the parameters are exactly the path's, and the sums equal
-  those of the stacked path parameters."""
-  runtime = testing.tiny_runtime(testing.tiny_config(shape="2x2", inner_steps=2))
+  whole group), the parameters are exactly the path's, the sums equal
+  those of the stacked path parameters, and one program serves every
+  group."""
+  runtime = testing.tiny_runtime(testing.tiny_config(shape="2x2",
+                                                     inner_steps=2))
   bank = runtime.init_state(jax.random.key(0))["outer"]["params"]
   rng = np.random.default_rng(3)
   shardings = jax.tree.map(lambda x: x.sharding, bank)
@@ -148,3 +151,12 @@ def test_paths_gathered_from_a_device_bank_in_one_program():
       sharded.own_windows_nll_sums(
           runtime.model, [runtime.path_params(bank, p) for p in [3, 1, 2, 0]],
           layouts, 3), rtol=1e-6)
+  # Another group of the same size: the same program, compiled once.
+  _, params = sharded.gather_paths(
+      bank, [s.name for s in topology.slots], rows_GxS[::-1], devices)
+  gather = sharded._path_gather(tuple(s.name for s in topology.slots),
+                                NamedSharding(mesh, P("path")))
+  assert gather._cache_size() == 1  # pylint: disable=protected-access
+  jax.tree.map(lambda got, want: np.testing.assert_array_equal(
+      np.asarray(got)[0], np.asarray(want)),
+      params, runtime.path_params(bank, 0))

@@ -40,7 +40,8 @@ class SlotComm:
 
   @property
   def download_spec(self) -> compress.CompressionSpec:
-    """The download codec's spec (block size shared with the upload's)."""
+    """The download codec's spec, with the slot's block size (a per_slot
+    `block_size` sets both directions')."""
     return compress.CompressionSpec(name=self.download,
                                     block_size=self.spec.block_size)
 
@@ -64,9 +65,6 @@ def _parse_value(field: str, raw: str):
       raise ValueError(f"{raw!r} is not a bool")
     return raw.lower() in ("true", "1")
   return kind(raw)
-
-
-DOWNLOAD_CODECS = ("none", "int8", "int4", "e3m0")
 
 
 def _default(config) -> SlotComm:

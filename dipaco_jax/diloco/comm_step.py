@@ -302,7 +302,8 @@ def _publish(comm, copy_K, bank_K):
                           bank_K, copy_K)
   sent_K, _, _, bytes_K = compress_apply.compress_tree(codec, change_K,
                                                        None, None)
-  return jax.tree.map(lambda p, d: p + d, copy_K, sent_K), bytes_K
+  return jax.tree.map(lambda p, d: (p + d).astype(p.dtype), copy_K,
+                      sent_K), bytes_K
 
 
 def flush(outer: dict, inner: dict, tx, *, comms: dict, assignment_WxS,

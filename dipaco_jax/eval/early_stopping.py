@@ -171,7 +171,6 @@ class EarlyStopping:
     num_paths = len(self.layouts)
     group = sharded.auto_group_size(num_paths, jax.local_device_count(), 0)
     devices = sharded.bank_devices(bank)
-    topology = self.runtime.topology
     losses = []
     for first in range(0, num_paths, group):
       paths = range(first, min(first + group, num_paths))
@@ -182,10 +181,10 @@ class EarlyStopping:
                                  for p in paths], layouts, self.batch_size)
       else:
         mesh, params = sharded.gather_paths(
-            bank, [s.name for s in topology.slots],
-            topology.path_assignment_PxS()[list(paths)], devices)
+            bank, self.slots, self.expert_PxS[list(paths)], devices)
         sums = sharded.placed_own_windows_nll_sums(
             self.runtime.model, mesh, params, layouts, self.batch_size)
+        del params  # Read: freed before the next group is gathered.
       losses += [float(total / max(self.layouts[p].windows["weights"].sum(),
                                    1.0)) for p, total in zip(paths, sums)]
     return losses

@@ -95,12 +95,12 @@ def bank_devices(bank):
 
 
 @functools.lru_cache(maxsize=16)
-def _path_gather(slot_names: tuple, rows_GxS: tuple, sharding):
-  """jit: bank -> the G paths' parameters stacked, laid out by `sharding`
-  (paths over `path`), so the partitioner has each device gather only its
-  own paths' modules."""
-  rows_GxS = np.asarray(rows_GxS, np.int32)
-  def gather(bank):
+def _path_gather(slot_names: tuple, sharding):
+  """jit: (bank, [G, S] expert rows laid out by `sharding`) -> the G paths'
+  parameters stacked, laid out by `sharding` (paths over `path`), so the
+  partitioner has each device gather only its own paths' modules. The
+  rows are an argument, not constants: one program serves every group."""
+  def gather(bank, rows_GxS):
     return {name: jax.tree.map(lambda x, i=i: x[rows_GxS[:, i]], bank[name])
             for i, name in enumerate(slot_names)}
   return jax.jit(gather, out_shardings=sharding)
@@ -113,10 +113,9 @@ def gather_paths(bank, slot_names, rows_GxS, devices):
   every device and then copied them between meshes (measured on 4 GPUs:
   twice as slow as scoring the paths one by one, session 20)."""
   mesh = eval_mesh(len(rows_GxS), devices)
-  rows = tuple(tuple(int(e) for e in row) for row in rows_GxS)
-  gather = _path_gather(tuple(slot_names), rows, NamedSharding(mesh,
-                                                                P("path")))
-  return mesh, gather(bank)
+  by_path = NamedSharding(mesh, P("path"))
+  rows = jax.device_put(np.asarray(rows_GxS, np.int32), by_path)
+  return mesh, _path_gather(tuple(slot_names), by_path)(bank, rows)
 
 
 def group_token_nll(model, params_list, layout, batch_size: int,

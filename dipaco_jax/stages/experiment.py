@@ -337,7 +337,7 @@ class Experiment:
 
   def bytes_communicated(self) -> int:
     """Outer syncs x workers x (module deltas up + parameters down), f32
-    (the deltas up as measured when they are compressed); on islands, what
+    (each direction as measured when it is compressed); on islands, what
     the roles wrote to and read from the store."""
     if self.store_bytes is not None:
       return int(self.store_bytes["total"])

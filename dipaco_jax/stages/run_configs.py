@@ -75,7 +75,8 @@ def _drop_unused_stage_axis(keep: dict, config) -> None:
 
 _SPEED_FIELDS = ("loss_chunk", "fp8")
 _COMM_FIELDS = ("delay", "compression", "error_feedback",
-                "download_compression", "compression_block_size", "compression_rank_min",
+                "download_compression",
+                "compression_block_size", "compression_rank_min",
                 "compression_rank_max", "compression_energy",
                 "compression_factor_bits",
                 "compression_topk_fraction", "compression_topk_chunk",

@@ -50,8 +50,9 @@ def drop_rows_after(path, step: int) -> None:
         json.dumps(r) + "\n" for r in rows if r["step"] <= step))
 
 
-# Per outer step, the payload bytes each worker sent (DiLoCoX compression):
-# `logs/train/comm.jsonl`, rows {"step", "sent_bytes_W"}.
+# Per outer step, the payload bytes each worker sent (DiLoCoX compression)
+# and, with compressed downloads, read back: `logs/train/comm.jsonl`, rows
+# {"step", "sent_bytes_W"[, "recv_bytes_W"]}.
 COMM_LOG = "comm.jsonl"
 
 
