@@ -488,7 +488,11 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--grad_dtype", choices=("float32", "bfloat16"),
                  default="float32", help="AllReduce-every-step gradients")
   p.add_argument("--store_download", choices=("float32", "compressed"),
-                 default="float32")
+                 default="float32",
+                 help="what workers read back: float32 module versions, or "
+                 "as many bytes as they send (config.diloco."
+                 "download_compression with the same codec; SPMD runtime "
+                 "only so far)")
   p.add_argument("--compressors", default="none,int8,int4,lowrank,topk",
                  help="comma list; NAME:BYTES_PER_PARAM overrides")
   p.add_argument("--lowrank_rank", type=int, default=32)
