@@ -69,6 +69,8 @@
 #   int4_ef_down_int4     the same, and each module's change read back in
 #                         int4 (7.8x fewer bytes both ways)
 #   int4_ef_down_e3m0     the same with the change read back in e3m0
+#   overlap_tau5_int4_ef_down_int4  (built after that call, not run)
+#                         overlap at tau = 5 with int4 both ways
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # The data and the dense base are built once (a 1-step run), then
@@ -120,6 +122,7 @@ declare -A ARMS=(
   [int4_ef]="$d.compression=int4 $d.error_feedback=True"
   [int4_ef_down_int4]="$d.compression=int4 $d.error_feedback=True $d.download_compression=int4"
   [int4_ef_down_e3m0]="$d.compression=int4 $d.error_feedback=True $d.download_compression=e3m0"
+  [overlap_tau5_int4_ef_down_int4]="$d.delay=overlap $d.overlap_steps=5 $d.compression=int4 $d.error_feedback=True $d.download_compression=int4"
 )
 # shellcheck disable=SC2086
 base=_stages run_lanes diloco_x8 ${NAMES:-sparseloco one_round_avg topkc_ef \

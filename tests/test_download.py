@@ -17,6 +17,7 @@ from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import comm_step
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.diloco import overlap_step
 from dipaco_jax.errors import UserError
 from dipaco_jax.train import metrics as metrics_lib
 
@@ -73,6 +74,55 @@ def test_int4_downloads_by_hand():
                              outer["params"]["s"]["w"], atol=1e-7)
 
 
+def test_int4_downloads_with_overlap_by_hand():
+  # delay=overlap: the apply, tau steps after the handover, reads the
+  # workers' copy in the global's place: x <- x + (p - h), a <- p.
+  comms = {"s": comm_lib.SlotComm("overlap", download="int4")}
+  bank = {"s": {"w": jnp.zeros((1, 4))}}
+  inner_extra, outer_extra = comm_step.init_extra(
+      comms, {"s": {"w": jnp.zeros((2, 4))}}, bank, TX)
+  outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
+           **outer_extra}
+  inner = dict(inner_extra, params={"s": {"w": jnp.zeros((2, 4))}})
+  kw = dict(assignment_WxS=np.zeros((2, 1), np.int32), slot_names=("s",))
+
+  def move(inner, by):
+    return dict(inner, params={"s": {"w": inner["params"]["s"]["w"] +
+                                     jnp.array([by], jnp.float32)}})
+
+  # Round 0 ends at h = x = [0.7, 0.1, -0.33, 0.2]: c = -x, D0 = -x.
+  outer, inner = overlap_step.handover(
+      outer, move(inner, [0.7, 0.1, -0.33, 0.2]), comms=comms,
+      weights_W=jnp.ones(2), rescale_by_sqrt_users=False, **kw)
+  # tau steps move the first value by 0.1. Apply: g = 0 - D0 = h, its
+  # change read back in int4 as p = [0.7, 0.1, -0.3, 0.2] (by hand above);
+  # x + (p - h) = [0.8, 0.1, -0.3, 0.2], a = p.
+  outer, inner = overlap_step.apply(outer, move(inner, [0.1, 0, 0, 0]), TX,
+                                    comms=comms, **kw)
+  np.testing.assert_allclose(outer["params"]["s"]["w"],
+                             [[0.7, 0.1, -0.33, 0.2]], atol=1e-6)
+  np.testing.assert_allclose(outer["published"]["s"]["w"],
+                             [[0.7, 0.1, -0.3, 0.2]], atol=1e-6)
+  np.testing.assert_allclose(inner["params"]["s"]["w"],
+                             [[0.8, 0.1, -0.3, 0.2]] * 2, atol=1e-6)
+  np.testing.assert_allclose(inner["anchor"]["s"]["w"],
+                             [[0.7, 0.1, -0.3, 0.2]] * 2, atol=1e-6)
+  np.testing.assert_array_equal(inner["recv_bytes_W"], [6.0, 6.0])
+  # A second apply with nothing in flight changes nothing.
+  again, _ = overlap_step.apply(outer, inner, TX, comms=comms, **kw)
+  np.testing.assert_array_equal(again["published"]["s"]["w"],
+                                outer["published"]["s"]["w"])
+  # The flush at the end restarts everyone from g, and the copy is g.
+  outer, inner = overlap_step.handover(
+      outer, inner, comms=comms, weights_W=jnp.ones(2),
+      rescale_by_sqrt_users=False, **kw)
+  outer, inner = comm_step.flush(outer, inner, TX, comms=comms, **kw)
+  np.testing.assert_array_equal(outer["published"]["s"]["w"],
+                                outer["params"]["s"]["w"])
+  np.testing.assert_array_equal(inner["params"]["s"]["w"][0],
+                                outer["params"]["s"]["w"][0])
+
+
 _config = testing.comm_config
 _train = testing.train_on_random_batches
 
@@ -112,10 +162,29 @@ def test_compressed_downloads_resume_exactly_and_log_their_bytes(tmp_path):
     assert f32 / 8 < want < f32 / 7
 
 
+def test_compressed_downloads_with_overlap_resume_exactly(tmp_path):
+  # tau = 1 of H = 2: the checkpoint of step 4 holds round 1 in flight,
+  # its apply (and download) at step 5, after the kill.
+  config = _config(delay="overlap", overlap_steps=1,
+                   download_compression="int4")
+  state = testing.assert_resume_is_exact(functools.partial(_train, config),
+                                         tmp_path, die_after=5,
+                                         resumed_from=4)
+  # The flush ended on the global modules, read whole.
+  for g, p in zip(jax.tree.leaves(state["outer"]["params"]),
+                  jax.tree.leaves(state["outer"]["published"]), strict=True):
+    np.testing.assert_array_equal(g, p)
+  rows = metrics_lib.read_jsonl(tmp_path / "straight" / "logs" / "train" /
+                                metrics_lib.COMM_LOG)
+  # A row's download is the previous round's apply: none before round 0's.
+  assert [r["recv_bytes_W"][0] > 0 for r in rows] == [False, True, True,
+                                                      True]
+
+
 def test_compressed_downloads_are_refused_with_a_delay_and_on_islands(
     tmp_path):
   with pytest.raises(UserError, match=r"diloco.download_compression: 'int8'"
-                     r" runs with delay none only"):
+                     r" runs with delay none or overlap only"):
     config_base.validate(_config(download_compression="int8",
                                  delay="one_round"), 8)
   with pytest.raises(UserError, match="diloco.download_compression"):

@@ -161,11 +161,11 @@ def check_config(config) -> None:
   comms = comm_by_slot(config, slots)
   _check_overlap(config, {c.delay for c in comms.values()})
   if d.download_compression != "none" and any(
-      c.delayed for c in comms.values()):
+      c.delay not in ("none", "overlap") for c in comms.values()):
     config_fields.fail(
         "diloco.download_compression", f"{d.download_compression!r} runs "
-        "with delay none only (every slot); set it to none or the delay "
-        "to none.")
+        "with delay none or overlap only (every slot); set it to none or "
+        "the delay to none or overlap.")
   for name, slot_comm in comms.items():
     try:
       compress.make_codec(slot_comm.spec)

@@ -8,8 +8,8 @@ restart) with two additions per slot (`diloco/comm.py` says which):
 of c_w; with error feedback it keeps e_w <- c_w + e_w - C(c_w + e_w) for the
 next round. The module's pseudo-gradient is mixed from what was sent.
 
-**Compressed downloads** (`diloco.download_compression`, delay none
-only; ours, in the spirit of bidirectional compression with error
+**Compressed downloads** (`diloco.download_compression`, delay none or
+overlap; ours, in the spirit of bidirectional compression with error
 feedback, e.g. DoubleSqueeze, Tang et al. 2019). What the workers read
 back is not the new global modules g but the change of their copy p of
 them, encoded with a block codec C_d (one broadcast per module):
@@ -19,7 +19,9 @@ them, encoded with a block codec C_d (one broadcast per module):
 
 g stays the model of record (evaluation, checkpoints' bank); what C_d
 dropped stays in g - p and is sent with the next round's change, so p
-trails g by one round's quantization error, not more.
+trails g by one round's quantization error, not more. With `overlap` the
+apply reads p in g's place: x_w <- x_w + (p[e(w)] - h_w), a_w <- p[e(w)];
+the flush at the end of training restarts everyone from g itself (p = g).
 
 **Delay** `one_round` (DiLoCoX's one-step-delay overlap; our reading, the
 paper's equations were not available, see docs/DESIGN.md). Round r's
@@ -253,7 +255,7 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
       b, o = _optimize(tx, bank, opt_state, name, delta_K, users[s] > 0)
       copy_K = b
       if name in published:
-        copy_K, recv_K = _publish(comm, published[name], b)
+        copy_K, recv_K = publish(comm, published[name], b)
         new_outer["published"][name] = copy_K
         recv_W = recv_W + recv_K[assignment_WxS[:, s]]
       new_inner["params"][name] = _gather(copy_K, assignment_WxS, s)
@@ -291,7 +293,7 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
   return new_outer, new_inner
 
 
-def _publish(comm, copy_K, bank_K):
+def publish(comm, copy_K, bank_K):
   """Compressed downloads: (the workers' new copy of the slot's modules,
   bytes read per module [K]). Each module's change since the copy,
   g - p, is encoded with the download codec and p <- p + decoded; what
@@ -323,6 +325,8 @@ def flush(outer: dict, inner: dict, tx, *, comms: dict, assignment_WxS,
     b, o = _where(has_pending, (b, o), (outer["params"][name],
                                         outer["opt_state"][name]))
     new_outer["params"][name], new_outer["opt_state"][name] = b, o
+    if name in outer.get("published", {}):  # Training ends: the copy is
+      new_outer["published"][name] = b     # the global, read whole.
     x_W = _gather(b, assignment_WxS, s)
     new_inner["params"][name] = x_W
     new_inner["anchor"][name] = x_W

@@ -43,19 +43,29 @@ def handover(outer: dict, inner: dict, *, comms: dict, assignment_WxS,
   return new_outer, new_inner
 
 
-def apply(outer: dict, inner: dict, tx, *, assignment_WxS, slot_names
-          ) -> tuple[dict, dict]:
+def apply(outer: dict, inner: dict, tx, *, assignment_WxS, slot_names,
+          comms=None) -> tuple[dict, dict]:
   """Round k's apply, tau steps after its handover: g <- OuterOpt(g, D^k),
-  x_w <- x_w + (g[e(w)] - h_w), a_w <- g[e(w)]. A no-op without a round in
-  flight. Returns (outer, inner)."""
+  x_w <- x_w + (g[e(w)] - h_w), a_w <- g[e(w)]; with compressed downloads
+  (`comms` needed) the workers' copy p <- p + C(g - p) takes g's place
+  there. A no-op without a round in flight. Returns (outer, inner)."""
   has_pending = outer["has_pending"] > 0
+  published = outer.get("published", {})
   new_outer, new_inner = (comm_step.copy_top(outer),
                           comm_step.copy_top(inner))
+  recv_W = jnp.zeros((assignment_WxS.shape[0],), jnp.float32)
   for s, name in enumerate(slot_names):
     b, o = comm_step._optimize(  # pylint: disable=protected-access
         tx, outer["params"], outer["opt_state"], name,
         outer["pending"][name], outer["pending_users"][name] > 0)
-    global_W = jax.tree.map(lambda g: g[assignment_WxS[:, s]], b)
+    read_K = b
+    if name in published:
+      read_K, recv_K = comm_step.publish(comms[name], published[name], b)
+      new_outer["published"][name] = jax.tree.map(
+          lambda n, old: jnp.where(has_pending, n, old), read_K,
+          published[name])
+      recv_W = recv_W + recv_K[assignment_WxS[:, s]]
+    global_W = jax.tree.map(lambda g: g[assignment_WxS[:, s]], read_K)
     x_W = inner["params"][name]
     # x + (g - h): the same floating-point form as one_round's x + (g - a).
     new_x_W = jax.tree.map(lambda x, g, h: (x + (g - h)).astype(x.dtype),
@@ -69,6 +79,9 @@ def apply(outer: dict, inner: dict, tx, *, assignment_WxS, slot_names
          (outer["params"][name], outer["opt_state"][name], x_W,
           inner["anchor"][name]))
   new_outer["has_pending"] = jnp.zeros((), jnp.int32)
+  if "recv_bytes_W" in inner:  # Logged at the next handover.
+    new_inner["recv_bytes_W"] = jnp.where(has_pending, recv_W,
+                                          inner["recv_bytes_W"])
   return new_outer, new_inner
 
 
@@ -88,7 +101,7 @@ def jit_steps(runtime):
 
   def apply_fn(state):
     outer, inner = apply(state["outer"], state["inner"], runtime.outer_tx,
-                         **kw)
+                         comms=runtime.comms, **kw)
     return dict(state, inner=inner, outer=outer)
 
   shardings = runtime.state_shardings
