@@ -157,6 +157,15 @@ def test_paths_gathered_from_a_device_bank_in_one_program():
   gather = sharded._path_gather(tuple(s.name for s in topology.slots),
                                 NamedSharding(mesh, P("path")))
   assert gather._cache_size() == 1  # pylint: disable=protected-access
+  # Compiled, a device's output is its one path and no temporary holds
+  # the group (the bank itself is the argument, already held).
+  memory = gather.lower(bank, jax.device_put(
+      np.asarray(rows_GxS, np.int32), NamedSharding(mesh, P("path")))
+                        ).compile().memory_analysis()
+  path_bytes = 4 * sum(x.size for x in jax.tree.leaves(
+      runtime.path_params(bank, 0)))
+  assert memory.output_size_in_bytes < 1.01 * path_bytes
+  assert memory.temp_size_in_bytes < 0.1 * path_bytes
   jax.tree.map(lambda got, want: np.testing.assert_array_equal(
       np.asarray(got)[0], np.asarray(want)),
       params, runtime.path_params(bank, 0))
