@@ -121,6 +121,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.dump_reroute_data = False
   c.eval.early_stopping = False  # Keep each path's best snapshot (paper 2.7)
   c.eval.holdout_fraction = 0.05  # Training docs (whole files) held out.
+  # Early stopping scores the paths after every N-th outer step (and the
+  # last): with short rounds scoring is a large share of each (BUILD_NOTES
+  # "Early stopping in the training loop"); a best is then picked among
+  # those steps only.
+  c.eval.early_stopping_every = 1
   # Paths scored together, sharded over this process's devices (paths over
   # one axis, windows over the rest; eval/sharded.py). 0 = gcd(paths,
   # devices): one path per device of the path axis.

@@ -99,6 +99,8 @@ _RANGES = (
            why="0 = no discriminative phase"),
     _Range("eval.reroute_every", _I, 0, why="0 = no re-routing"),
     _Range("eval.path_group", _I, 0, why="0 = one path per device"),
+    _Range("eval.early_stopping_every", _I, 1,
+           why="1 = score after every outer step"),
     _Range("train.metrics_lag", _I, 1),
     _Range("train.steps_per_dispatch", _I, 1, why="1 = one step per call"),
     _Range("eval.holdout_fraction", _F, 0, 0.5,

@@ -218,7 +218,10 @@ def _train_paths(config, data, workdir, name, router, feats, path_ids,
     stopper = early_stopping_lib.EarlyStopping(
         exp.runtime, [data.docs["train"].subset(h) for h in held],
         exp.run_dir / "early_stopping", config.data.seq_len,
-        config.data.prefix_len, config.train.eval_batch_size)
+        config.data.prefix_len, config.train.eval_batch_size,
+        every_rounds=config.eval.early_stopping_every,
+        inner_steps=config.diloco.inner_steps,
+        last_step=config.train.num_steps)
     callbacks = (stopper,)
   result = exp.train(init_bank, after_outer_step=callbacks,
                      init_from=init_from)

@@ -204,7 +204,7 @@ def test_writer_killed_before_its_commit_marker(tmp_path):
   _assert_equal(loaded, again)
 
 
-def _stopper(directory, monkeypatch):
+def _stopper(directory, monkeypatch, **kwargs):
   """EarlyStopping over 2 paths of 2 slots, "shared" (one module both paths
   use) and "x" (one module each); a path's held-out loss is its x[0]."""
   monkeypatch.setattr(routed, "make_layout", lambda docs, seq_len, prefix: (
@@ -219,7 +219,8 @@ def _stopper(directory, monkeypatch):
       model=None, topology=topology, path_params=lambda bank, p: {
           "shared": bank["shared"][0], "x": bank["x"][p]})
   return early_stopping.EarlyStopping(runtime, [None, None], directory,
-                                      seq_len=4, prefix_len=0, batch_size=1)
+                                      seq_len=4, prefix_len=0, batch_size=1,
+                                      **kwargs)
 
 
 def _state(x0, x1):
@@ -287,6 +288,26 @@ def test_early_stopping_keeps_the_committed_best(tmp_path, monkeypatch):
   assert resumed.best["1"] == {"loss": 9.0, "step": 5}
   _assert_equal(resumed.best_params(1, _LIKE),
                 {"shared": np.array([13.0]), "x": np.array([9.0, 9.5])})
+
+
+def test_early_stopping_scores_every_nth_outer_step_and_the_last(
+    tmp_path, monkeypatch):
+  """eval.early_stopping_every = 3 with H = 10 over 70 steps: rounds 3 and
+  6 (steps 30, 60) and the last step (70) are scored, nothing else; with
+  overlap's applies (step 10 k + tau) the round is the step // H."""
+  stopper = _stopper(tmp_path / "es", monkeypatch, every_rounds=3,
+                     inner_steps=10, last_step=70)
+  for step, x0 in ((10, 1.0), (20, 0.5), (30, 4.0), (40, 0.1), (50, 0.2),
+                   (60, 3.0), (70, 2.0)):
+    stopper(step, _state(x0, 9.0 - x0))
+  stopper.flush()
+  # Steps 20, 40 and 50 had the lower losses but were never scored.
+  assert stopper.best == {"0": {"loss": 2.0, "step": 70},
+                          "1": {"loss": 5.0, "step": 30}}
+  assert [stopper.scores_at(s) for s in (33, 35, 62, 70, 71)] == [
+      True, True, True, True, False]
+  every = _stopper(tmp_path / "es1", monkeypatch)  # The default: each one.
+  assert all(every.scores_at(s) for s in (1, 7, 10))
 
 
 def test_early_stopping_reads_whole_path_snapshots_of_older_runs(

@@ -54,10 +54,17 @@ class EarlyStopping:
   """Tracks each path's best snapshot by loss on its held-out slice."""
 
   def __init__(self, runtime, holdout_docs: list, directory, seq_len: int,
-               prefix_len: int, batch_size: int, topology=None):
+               prefix_len: int, batch_size: int, topology=None,
+               every_rounds: int = 1, inner_steps: int = 1,
+               last_step: int | None = None):
     """`topology` defaults to the runtime's; a reader without a runtime
-    (runtime None, no holdout documents) passes it."""
+    (runtime None, no holdout documents) passes it. With `every_rounds`
+    N > 1 only the outer steps of rounds N, 2N, ... (steps // inner_steps)
+    and the one at `last_step` are scored: a function of the step, so a
+    resumed run scores the same ones."""
     self.runtime, self.batch_size = runtime, batch_size
+    self.every_rounds, self.inner_steps = every_rounds, max(inner_steps, 1)
+    self.last_step = last_step
     self.topology = topology if topology is not None else runtime.topology
     self.slots = [s.name for s in self.topology.slots]
     self.expert_PxS = self.topology.path_assignment_PxS()
@@ -124,7 +131,14 @@ class EarlyStopping:
         logging.info("Early stopping: removing stale %s.", snapshot)
         snapshot.rmtree()
 
+  def scores_at(self, step: int) -> bool:
+    """Whether the outer step that ended at `step` is scored."""
+    return (step == self.last_step
+            or (step // self.inner_steps) % self.every_rounds == 0)
+
   def __call__(self, step: int, state) -> None:
+    if not self.scores_at(step):
+      return
     bank = state["outer"]["params"]
     improved, before = [], dict(self.best)
     for p, loss in enumerate(self._losses(bank)):
