@@ -308,6 +308,13 @@ def test_early_stopping_scores_every_nth_outer_step_and_the_last(
       True, True, True, True, False]
   every = _stopper(tmp_path / "es1", monkeypatch)  # The default: each one.
   assert all(every.scores_at(s) for s in (1, 7, 10))
+  # An outer step where no path improves writes nothing, best.json neither.
+  writes = []
+  monkeypatch.setattr(early_stopping.atomic, "write_json",
+                      lambda *args, **kw: writes.append(args))
+  stopper(90, _state(8.0, 8.0))  # Scored (round 9), no better.
+  stopper.flush()
+  assert not writes and stopper.best["0"]["step"] == 70
 
 
 def test_early_stopping_reads_whole_path_snapshots_of_older_runs(

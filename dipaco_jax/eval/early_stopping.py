@@ -146,6 +146,8 @@ class EarlyStopping:
       if old is None or loss < old["loss"]:
         improved.append(p)
         self.best[str(p)] = {"loss": loss, "step": step}
+    if not improved:  # Nothing to save, best.json stays as it is.
+      return
     # Each module of an improving path once, gathered on every process (a
     # computation over a bank that spans processes needs them all). They
     # are gathered from the bank, not the train state's own buffers, so
