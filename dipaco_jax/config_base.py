@@ -296,32 +296,6 @@ def parse_int_list(field: str, text: str) -> tuple[int, ...]:
     _fail(field, f"{text!r} is not a comma-separated list of integers.")
 
 
-def parse_scales(text: str) -> tuple[float, ...]:
-  """`eval.dense_scales`: '2,4' -> (2.0, 4.0); '' -> ()."""
-  if not text.strip():
-    return ()
-  try:
-    return tuple(float(s) for s in text.split(","))
-  except ValueError:
-    _fail("eval.dense_scales", f"{text!r} is not a comma-separated list of "
-          "numbers such as '2,4'.")
-
-
-def _validate_dense_scales(config) -> None:
-  """The larger dense baselines get more layers (stages/dense_scaling.py),
-  so every multiple must give a whole number of them."""
-  scales = parse_scales(config.eval.dense_scales)
-  if len(set(scales)) != len(scales):
-    _fail("eval.dense_scales", f"{config.eval.dense_scales!r} repeats a "
-          "multiple; list each once.")
-  layers = config.model.num_layers
-  for s in scales:
-    if not (math.isfinite(s) and s > 0 and
-            abs(s * layers - round(s * layers)) < 1e-6):
-      _fail("eval.dense_scales", f"{s:g} x model.num_layers={layers} is not "
-            "a positive whole number of layers; use multiples such as 2,4.")
-
-
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Checks every field and the cross-field constraints; raises ConfigError
   naming the field."""
@@ -378,7 +352,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
           "learned re-router are fit on held-out router documents: set it > 0 "
           "(e.g. 0.05), or turn them off (routing.discriminative_steps=0, "
           "eval.learned_reroute=False).")
-  _validate_dense_scales(config)
+  config_fields.check_dense_scales(config)
   # Imported here: they import jax, which config files need not.
   from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top
   from dipaco_jax.train import profiling  # pylint: disable=g-import-not-at-top

@@ -1,6 +1,8 @@
 """Each config field on its own: its type, its range, its allowed values
-(`validate_fields`), and the one-line error of a config that cannot run.
-`config_base.validate` runs these first, then the rules across fields."""
+(`validate_fields`; `eval.dense_scales` parsed and checked against the
+layer count by `check_dense_scales`), and the one-line error of a config
+that cannot run. `config_base.validate` runs these first, then the rules
+across fields."""
 
 import dataclasses
 import math
@@ -213,3 +215,29 @@ def validate_fields(config) -> None:
       fail(field, f"must be True or False (got {value!r}).")
   for rule in _RANGES:
     _check_number(rule, _field(config, rule.field))
+
+
+def parse_scales(text: str) -> tuple[float, ...]:
+  """`eval.dense_scales`: '2,4' -> (2.0, 4.0); '' -> ()."""
+  if not text.strip():
+    return ()
+  try:
+    return tuple(float(s) for s in text.split(","))
+  except ValueError:
+    fail("eval.dense_scales", f"{text!r} is not a comma-separated list of "
+         "numbers such as '2,4'.")
+
+
+def check_dense_scales(config) -> None:
+  """The larger dense baselines get more layers (stages/dense_scaling.py),
+  so every multiple must give a whole number of them."""
+  scales = parse_scales(config.eval.dense_scales)
+  if len(set(scales)) != len(scales):
+    fail("eval.dense_scales", f"{config.eval.dense_scales!r} repeats a "
+         "multiple; list each once.")
+  layers = config.model.num_layers
+  for s in scales:
+    if not (math.isfinite(s) and s > 0 and
+            abs(s * layers - round(s * layers)) < 1e-6):
+      fail("eval.dense_scales", f"{s:g} x model.num_layers={layers} is not "
+           "a positive whole number of layers; use multiples such as 2,4.")

@@ -8,20 +8,9 @@ restart) with two additions per slot (`diloco/comm.py` says which):
 of c_w; with error feedback it keeps e_w <- c_w + e_w - C(c_w + e_w) for the
 next round. The module's pseudo-gradient is mixed from what was sent.
 
-**Compressed downloads** (`diloco.download_compression`, delay none or
-overlap; ours, in the spirit of bidirectional compression with error
-feedback, e.g. DoubleSqueeze, Tang et al. 2019). What the workers read
-back is not the new global modules g but the change of their copy p of
-them, encoded with a block codec C_d (one broadcast per module):
-
-  p   <- p + C_d(g - p)                   (after the outer step)
-  x_w <- p[e(w)],  c_w = p[e(w)] - x_w    (rounds start from the copy)
-
-g stays the model of record (evaluation, checkpoints' bank); what C_d
-dropped stays in g - p and is sent with the next round's change, so p
-trails g by one round's quantization error, not more. With `overlap` the
-apply reads p in g's place: x_w <- x_w + (p[e(w)] - h_w), a_w <- p[e(w)];
-the flush at the end of training restarts everyone from g itself (p = g).
+**Compressed downloads** (`diloco/download.py` has the rule): with delay
+none, rounds start from the workers' copy p of the modules, which takes
+each module's change compressed after the outer step.
 
 **Delay** `one_round` (DiLoCoX's one-step-delay overlap; our reading, the
 paper's equations were not available, see docs/DESIGN.md). Round r's
@@ -129,6 +118,7 @@ import optax
 
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import compress_apply
+from dipaco_jax.diloco import download
 from dipaco_jax.diloco import outer as outer_lib
 
 
@@ -255,7 +245,7 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
       b, o = _optimize(tx, bank, opt_state, name, delta_K, users[s] > 0)
       copy_K = b
       if name in published:
-        copy_K, recv_K = publish(comm, published[name], b)
+        copy_K, recv_K = download.publish(comm, published[name], b)
         new_outer["published"][name] = copy_K
         recv_W = recv_W + recv_K[assignment_WxS[:, s]]
       new_inner["params"][name] = _gather(copy_K, assignment_WxS, s)
@@ -291,21 +281,6 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
   if "recv_bytes_W" in inner:
     new_inner["recv_bytes_W"] = recv_W
   return new_outer, new_inner
-
-
-def publish(comm, copy_K, bank_K):
-  """Compressed downloads: (the workers' new copy of the slot's modules,
-  bytes read per module [K]). Each module's change since the copy,
-  g - p, is encoded with the download codec and p <- p + decoded; what
-  was not sent stays in g - p and goes with the next round's change, so
-  the copy trails the global modules without drifting away from them."""
-  codec = compress.make_codec(comm.download_spec)
-  change_K = jax.tree.map(lambda g, p: g.astype(jnp.float32) - p,
-                          bank_K, copy_K)
-  sent_K, _, _, bytes_K = compress_apply.compress_tree(codec, change_K,
-                                                       None, None)
-  return jax.tree.map(lambda p, d: (p + d).astype(p.dtype), copy_K,
-                      sent_K), bytes_K
 
 
 def flush(outer: dict, inner: dict, tx, *, comms: dict, assignment_WxS,

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from dipaco_jax.diloco import comm_step
+from dipaco_jax.diloco import download
 from dipaco_jax.diloco import outer as outer_lib
 
 
@@ -60,7 +61,7 @@ def apply(outer: dict, inner: dict, tx, *, assignment_WxS, slot_names,
         outer["pending"][name], outer["pending_users"][name] > 0)
     read_K = b
     if name in published:
-      read_K, recv_K = comm_step.publish(comms[name], published[name], b)
+      read_K, recv_K = download.publish(comms[name], published[name], b)
       new_outer["published"][name] = jax.tree.map(
           lambda n, old: jnp.where(has_pending, n, old), read_K,
           published[name])

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from dipaco_jax import config_base
+from dipaco_jax import config_fields
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.eval import routed
 from dipaco_jax.model import layers
@@ -79,7 +79,7 @@ def specs(config) -> list[DenseSpec]:
   # al. 2020, fig. 5), and deeper-thinner models do slightly better below
   # a billion parameters (Liu et al. 2024, MobileLLM).
   total = config.base.num_steps + experiment_lib.path_steps(config)
-  for scale in config_base.parse_scales(config.eval.dense_scales):
+  for scale in config_fields.parse_scales(config.eval.dense_scales):
     out.append(DenseSpec(
         f"dense_{scale:g}x", _without_extras(experiment_lib.derive_config(
             dense, **{"model.num_layers": round(config.model.num_layers *
