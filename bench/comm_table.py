@@ -109,7 +109,8 @@ def table(out: Path, baseline: str = "diloco_x8") -> str:
     sent_text = f"{sent / 1e6:,.2f} MB" if sent else "float32"
     read = f["read"] if f["read"] is not None else f32
     read_text = f"{read / 1e6:,.2f} MB" if read else "float32"
-    both = f"{2 * f32 / (sent + read):,.1f}x" if f32 and sent and read else "1x"
+    both = (f"{2 * f32 / (sent + read):,.1f}x" if f32 and sent and read
+            else "1x")
     loss = f"{f['train_loss']:.4f}" if f["train_loss"] else ""
     rows.append(f"| {name} | {f['perplexity']:.3f} | {rel} | {sent_text} | "
                 f"{ratio} | {read_text} | {both} | {loss} |")
