@@ -290,6 +290,34 @@ def test_early_stopping_keeps_the_committed_best(tmp_path, monkeypatch):
                 {"shared": np.array([13.0]), "x": np.array([9.0, 9.5])})
 
 
+def test_early_stopping_reader_deletes_nothing_and_follows_the_run(
+    tmp_path, monkeypatch):
+  """A read-only stopper (inference on a run still training) keeps the
+  snapshots best.json does not name yet, and when the run replaces a best
+  after the reader read best.json, the reader reads the new one."""
+  directory = tmp_path / "early_stopping"
+  writer = _stopper(directory, monkeypatch)
+  writer(1, _state(5.0, 5.0))
+  writer.flush()
+  # The writer has committed step 2's snapshots but not yet best.json.
+  for slot, expert, value in (("shared", 0, [4.0]), ("x", 0, [2.0, 2.5])):
+    items.save_tree(directory / "modules" / slot / f"{expert:05d}" /
+                    "s00000002", np.array(value, np.float32))
+  before = _snapshots(directory)
+  reader = _stopper(directory, monkeypatch, read_only=True)
+  assert _snapshots(directory) == before
+  assert before["x/00000"] == [1, 2]
+  assert reader.best["0"] == {"loss": 5.0, "step": 1}
+  with pytest.raises(RuntimeError, match="read-only"):
+    reader(3, _state(1.0, 1.0))
+  writer(3, _state(1.0, 7.0))  # Path 0's step-1 snapshots are deleted.
+  writer.flush()
+  assert reader.best["0"]["step"] == 1
+  _assert_equal(reader.best_params(0, _LIKE),
+                {"shared": np.array([8.0]), "x": np.array([1.0, 1.5])})
+  assert reader.best["0"] == {"loss": 1.0, "step": 3}
+
+
 def test_early_stopping_scores_every_nth_outer_step_and_the_last(
     tmp_path, monkeypatch):
   """eval.early_stopping_every = 3 with H = 10 over 70 steps: rounds 3 and

@@ -21,7 +21,9 @@ New bests are saved under their step and committed, then best.json is
 pointed at them, then the snapshots no best names any more are deleted: a
 crash at any point leaves best.json naming committed snapshots. Snapshots
 best.json does not name (leftovers of such a crash) are deleted when the
-run resumes.
+run resumes. A reader (`read_only`, e.g. `inference/workdir.py` opened on a
+run that is still training) deletes nothing: to it a snapshot best.json
+does not name yet may be one the writer has just committed.
 
 The decisions are taken at once (every process takes the same ones), but
 the writing runs on a background thread: saving every improving path
@@ -56,13 +58,15 @@ class EarlyStopping:
   def __init__(self, runtime, holdout_docs: list, directory, seq_len: int,
                prefix_len: int, batch_size: int, topology=None,
                every_rounds: int = 1, inner_steps: int = 1,
-               last_step: int | None = None):
+               last_step: int | None = None, read_only: bool = False):
     """`topology` defaults to the runtime's; a reader without a runtime
-    (runtime None, no holdout documents) passes it. With `every_rounds`
+    (runtime None, no holdout documents) passes it, with `read_only`: it
+    neither writes nor deletes anything in `directory`. With `every_rounds`
     N > 1 only the outer steps of rounds N, 2N, ... (steps // inner_steps)
     and the one at `last_step` are scored: a function of the step, so a
     resumed run scores the same ones."""
     self.runtime, self.batch_size = runtime, batch_size
+    self.read_only = read_only
     self.every_rounds, self.inner_steps = every_rounds, max(inner_steps, 1)
     self.last_step = last_step
     self.topology = topology if topology is not None else runtime.topology
@@ -71,19 +75,11 @@ class EarlyStopping:
     self.layouts = [routed.make_layout(d, seq_len, prefix_len)
                     for d in holdout_docs]
     self.directory = epath.Path(directory)
-    self.directory.mkdir(parents=True, exist_ok=True)
+    if not read_only:
+      self.directory.mkdir(parents=True, exist_ok=True)
     self.best_path = self.directory / "best.json"
-    best = (json.loads(self.best_path.read_text())
-            if self.best_path.exists() else {})
-    # An entry without its committed snapshot (e.g. a run directory from
-    # before snapshots were orbax items) is forgotten: that path has no best.
-    self.best = {k: v for k, v in best.items()
-                 if self._committed(int(k), v["step"])}
-    if len(self.best) < len(best):
-      logging.warning("Early stopping: no committed snapshot for paths %s "
-                      "in %s; they start afresh.",
-                      sorted(set(best) - set(self.best)), self.directory)
-    if multihost.is_writer():
+    self.best = self._read_best()
+    if multihost.is_writer() and not read_only:
       self._remove_unnamed()
     # What waits for the writer thread (all under `_lock`): module
     # snapshots not on disk yet (directory -> (device arrays, meta)), the
@@ -94,6 +90,20 @@ class EarlyStopping:
     self._writer = futures.ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="early_stopping")
     self._in_flight = None  # The writer's current task (a Future).
+
+  def _read_best(self) -> dict:
+    """best.json's entries whose snapshots are committed. An entry without
+    (e.g. a run directory from before snapshots were orbax items) is
+    forgotten: that path has no best."""
+    best = (json.loads(self.best_path.read_text())
+            if self.best_path.exists() else {})
+    kept = {k: v for k, v in best.items()
+            if self._committed(int(k), v["step"])}
+    if len(kept) < len(best):
+      logging.warning("Early stopping: no committed snapshot for paths %s "
+                      "in %s; they start afresh.",
+                      sorted(set(best) - set(kept)), self.directory)
+    return kept
 
   def _modules(self, path: int, step: int) -> list[epath.Path]:
     """The snapshot directories of `path`'s modules at `step`."""
@@ -137,6 +147,8 @@ class EarlyStopping:
             or (step // self.inner_steps) % self.every_rounds == 0)
 
   def __call__(self, step: int, state) -> None:
+    if self.read_only:
+      raise RuntimeError(f"Early stopping over {self.directory} is read-only.")
     if not self.scores_at(step):
       return
     bank = state["outer"]["params"]
@@ -245,6 +257,11 @@ class EarlyStopping:
     """The path's best snapshot, shaped and placed like `like` (a path param
     tree of arrays or `jax.ShapeDtypeStruct`s; see `items.load_tree`)."""
     self.flush()
+    if self.read_only and str(path) in self.best and not self._committed(
+        path, self.best[str(path)]["step"]):
+      # The run being read has replaced this best (and deleted its
+      # snapshot) since best.json was read: read it again.
+      self.best = self._read_best()
     entry = self.best.get(str(path))
     if entry is None:
       raise KeyError(f"Path {path} has no early-stopping snapshot in "

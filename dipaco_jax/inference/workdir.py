@@ -198,15 +198,16 @@ class TrainedWorkdir:
 
   def _stopper(self) -> early_stopping_lib.EarlyStopping | None:
     """The main run's snapshots as `eval/early_stopping.py` keeps them
-    (only committed ones count; it deletes leftovers best.json does not
-    name, as a resumed run does)."""
+    (only committed ones count), read-only: the run may still be training
+    and writing them."""
     if not self.config.eval.early_stopping or self.num_paths == 1:
       return None
     if "stopper" not in self._restored:
       self._restored["stopper"] = early_stopping_lib.EarlyStopping(
           None, [], self.workdir / "runs" / self.main_run / "early_stopping",
           self.config.data.seq_len, self.config.data.prefix_len,
-          self.config.train.eval_batch_size, topology=self.topology)
+          self.config.train.eval_batch_size, topology=self.topology,
+          read_only=True)
     return self._restored["stopper"]
 
   def dense(self) -> tuple[transformer.PathTransformer, dict]:
