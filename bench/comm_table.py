@@ -86,7 +86,8 @@ def choose(out: Path) -> str:
     candidates.append((ratio < 100, f["train_loss"] or float("inf"),
                        f["sent"], name))
   if not candidates:
-    raise SystemExit("no compressed arm finished")
+    raise SystemExit("none: no compressed arm without a delay (an arm named "
+                     f"with {', '.join(_DELAYS)} never counts) finished")
   return min(candidates)[3]
 
 

@@ -16,7 +16,8 @@ the gap between the two is what the host costs per step. With
 result carries its device idle gaps and the host threads' stacks in them
 (`trace_gaps`, bench/trace_gaps.py): where the loop loses to the bare step.
 With `--early_stopping_tokens=N` the loop runs per-path early stopping
-(`eval/early_stopping.py`) after every outer step, each path scored on N
+(`eval/early_stopping.py`) after every outer step (every K-th with
+`--set=eval.early_stopping_every=K`), each path scored on N
 random held-out tokens of its own; the result then counts the path bests
 it kept, i.e. paths that improved at an outer step (`early_stopping_saves`).
 
@@ -125,8 +126,12 @@ def _early_stopping(runtime, tokens_per_path: int, run_dir: str):
       super().__call__(step, state)
       self.saves += sum(before.get(k) != v for k, v in self.best.items())
 
+  # The outer steps it scores as the main job's (pipeline.py) would.
   return Counting(runtime, docs, f"{run_dir}/early_stopping",
-                  c.data.seq_len, c.data.prefix_len, c.train.eval_batch_size)
+                  c.data.seq_len, c.data.prefix_len, c.train.eval_batch_size,
+                  every_rounds=c.eval.early_stopping_every,
+                  inner_steps=c.diloco.inner_steps,
+                  last_step=c.train.num_steps)
 
 
 def parent(args):
