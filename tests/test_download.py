@@ -181,7 +181,7 @@ def test_compressed_downloads_with_overlap_resume_exactly(tmp_path):
                                                       True]
 
 
-def test_compressed_downloads_are_refused_with_a_delay_and_on_islands(
+def test_compressed_downloads_are_refused_with_a_delay_and_on_pipelined_islands(
     tmp_path):
   with pytest.raises(UserError, match=r"diloco.download_compression: 'int8'"
                      r" runs with delay none or overlap only"):
@@ -191,8 +191,10 @@ def test_compressed_downloads_are_refused_with_a_delay_and_on_islands(
     config_base.validate(_config(download_compression="topk"), 8)
   from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
   from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
-  with pytest.raises(UserError, match="diloco.download_compression: "
-                     "compressed downloads are simulated"):
-    pipeline.run(_config(download_compression="int4"), str(tmp_path),
+  config = _config(download_compression="int4")
+  config.pipeline.stages = config.pipeline.microbatches = 2
+  with pytest.raises(UserError, match="diloco.download_compression: islands "
+                     "with pipeline stages"):
+    pipeline.run(config, str(tmp_path),
                  islands=launcher.IslandOptions(num_workers=1))
   assert not any(tmp_path.iterdir())

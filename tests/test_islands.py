@@ -68,31 +68,42 @@ def _spec(exp, paths_per_task, steps_per_dispatch=1):
 
 
 def _islands_in_process(exp, run, paths_per_task, forget=False,
-                        steps_per_dispatch=1, trace_dir=None):
+                        steps_per_dispatch=1, trace_dir=None,
+                        restart_executor=False):
   """Every task and outer step of the run, in order, in this process.
   With `forget`, the worker keeps nothing between tasks (as if each were
   another worker's): every round reads its inner state from the store.
-  With `trace_dir`, the worker traces `train.profile_steps` there."""
+  With `trace_dir`, the worker traces `train.profile_steps` there. With
+  `restart_executor`, each round's outer steps are a new executor's (as
+  after a kill: it carries on from the store)."""
   spec = _spec(exp, paths_per_task, steps_per_dispatch)
   launcher.write_version_zero(run, exp.runtime, None, exp.config.seed)
   spec.save(run)
   runner = worker_lib.TaskRunner(run, spec, layout.ByteMeter(run, "w"),
                                  log=lambda _: None, trace_dir=trace_dir)
   with runner.tracer:
-    return _run_every_task(exp, run, spec, runner, forget)
+    return _run_every_task(exp, run, spec, runner, forget, restart_executor)
 
 
-def _run_every_task(exp, run, spec, runner, forget):
-  executor = executor_lib.Executor(
+def _run_every_task(exp, run, spec, runner, forget, restart_executor=False):
+  new_executor = lambda: executor_lib.Executor(
       run, spec, executor_lib.owned_modules(spec, 0, 1), "executor",
       log=lambda _: None)
+  executor = new_executor()
   likes = executor_lib.module_likes(spec)
   for r in range(spec.num_rounds):
+    if restart_executor:
+      executor = new_executor()
     stepped = 0
     for group in spec.groups():
       stepped += executor.poll(likes)  # A module waits for all its users.
       if forget:
         runner._kept = runner.kept = runner.speculated = None  # pylint: disable=protected-access
+        if runner.prefetch is not None:  # Overlap's read of the next version.
+          runner.prefetch.cancel.set()
+          runner.prefetch.thread.join()
+          runner.prefetch = None
+        runner.downloads.forget()
       runner.run_task(worker_lib.Task(r, group))
     assert stepped + executor.poll(likes) == len(executor.modules)
   assert executor.finished()
@@ -181,6 +192,54 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
              (run / "contrib").glob("r*/*/*"))
   floats = 4 * 2 * sum(x.size // x.shape[0] for x in jax.tree.leaves(spmd))
   assert 0 < sent < 4 * floats / 5, (sent, 4 * floats)
+
+
+@pytest.mark.parametrize("delay,tau", [("none", 0), ("overlap", 1)])
+def test_compressed_downloads_on_islands_equal_the_spmd_simulation(
+    tmp_path, monkeypatch, delay, tau):
+  # diloco.download_compression for real (islands/downloads.py): the
+  # executors publish each version's change for the workers' copy in int4;
+  # a worker that holds its copy reads the change, one that does not (every
+  # task as another worker's) reads the copy whole, as does a restarted
+  # executor; all train from the same bits as the SPMD simulation's copy.
+  settings = dict(delay=delay, overlap_steps=tau, compression="int4",
+                  error_feedback=True, compression_block_size=64,
+                  download_compression="int4")
+  exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
+  spmd = jax.device_get(exp.train().state["outer"]["params"])
+  reads = []
+  add = layout.ByteMeter.add
+  monkeypatch.setattr(layout.ByteMeter, "add", lambda self, kind, r, d: (
+      reads.append((self.path.stem, kind, d)), add(self, kind, r, d)))
+
+  def read_keys(role, kind):
+    return [d.relative_to(tmp_path).parts[1]
+            for stem, k, d in reads if stem == role and k == "read"
+            and d.relative_to(tmp_path).parts[1] in kind]
+  for forget in (False, True):
+    run = tmp_path / f"islands_forget{forget}"
+    reads.clear()
+    bank = _islands_in_process(exp, run, 4, forget=forget,
+                               restart_executor=forget)
+    assert _max_abs_diff(spmd, bank) < 1e-6, _max_abs_diff(spmd, bank)
+    # Version 1 of each of the 2 x 2 + 1 modules (version 0 is the module
+    # itself; a DiPaCo 2x2 task's group uses every module): the changes, or
+    # when forgotten the copies whole (under overlap the worker may also
+    # have read the changes ahead, in its prefetch before it forgot). The
+    # executor keeps its copies and reads none back, unless restarted: then
+    # round 1's outer step reads the copies of version 1 whole.
+    read = read_keys("w", ("download", "published"))
+    if forget:
+      assert read.count("published") == 5, read
+    else:
+      assert read == ["download"] * 5, read
+    assert read_keys("executor", ("download", "published")) == (
+        ["published"] * 5 if forget else [])
+  change = atomic.read_commit(run / "download" / "embed_head" / "00000" /
+                              "v000001")["bytes"]
+  whole = atomic.read_commit(run / "published" / "embed_head" / "00000" /
+                             "v000001")["bytes"]
+  assert 0 < change < whole / 5, (change, whole)
 
 
 @pytest.mark.parametrize("delay", ["one_round", "overlap"])

@@ -220,6 +220,8 @@ class Coordinator:
       for name, e in modules:
         _remove(layout.module_dir(self.run, name, e, v))
         _remove(layout.outer_state_dir(self.run, name, e, v))
+        _remove(layout.download_dir(self.run, name, e, v))
+        _remove(layout.published_dir(self.run, name, e, v))
       _remove(layout.contrib_round_dir(self.run, v))
       self._collected["version"] = v + 1
 

@@ -13,7 +13,8 @@ parameters and outer optimizer state) and those contributions, runs the
 rest of the chain of `diloco.outer` (mix over the module's users, then the
 outer optimizer; nothing re-written here; compressed contributions are
 decoded first, `islands/wire.py`), and commits version r + 1: the
-optimizer state first, the parameters last. A module's step waits only for
+optimizer state first (with compressed downloads, then the workers'
+compressed copy, `islands/downloads.py`), the parameters last. A module's step waits only for
 its own users. A killed executor is restarted and carries on from the
 newest committed version of each module; a re-run step writes the same
 bytes.
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax.diloco import outer as outer_lib
+from dipaco_jax.islands import downloads as downloads_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.islands import wire as wire_lib
@@ -101,6 +103,8 @@ class Executor:
     self.modules = list(modules)
     self.stepper = ModuleStepper(spec)
     self.wire = wire_lib.Wire(spec.config_dict(), spec.topology().slots)
+    self.downloads = downloads_lib.Downloads(spec.config_dict(),
+                                             spec.topology().slots)
     self.meter = layout.ByteMeter(run, role_id)
     self.stats_path = layout.control(run, "stats", f"{role_id}.json")
     self.stats = layout.read_json(self.stats_path) or {"outer_steps": 0,
@@ -156,6 +160,8 @@ class Executor:
     key = layout.outer_state_dir(self.run, unit, e, r + 1)
     items.save_tree(key, opt_state, meta)
     self.meter.add("written", r, key)
+    if self.downloads.compressed(name):
+      self._publish(module, r, params, params_like, meta)
     key = layout.module_dir(self.run, unit, e, r + 1)
     items.save_tree(key, params, meta)
     self.meter.add("written", r, key)
@@ -164,6 +170,23 @@ class Executor:
     self.stats["outer_steps"] += 1
     self.stats["seconds"] += time.monotonic() - started
     atomic.write_json(self.stats_path, self.stats, indent=None)
+
+  def _publish(self, module, r: int, params, params_like, meta) -> None:
+    """The workers' copy of version r + 1: its change from their copy of
+    version r, compressed, and the new copy whole."""
+    s, e, _ = module
+    name, unit = self.slot_names[s], self.key(module)
+    copy = self.downloads.held(unit, e, r)
+    if copy is None:  # Restarted: the copy of version r as it was written.
+      copy = self.downloads.whole(self.run, unit, e, r, params_like,
+                                  self.meter, r)
+    trimmed, copy = self.downloads.publish(name, params, copy)
+    for key, tree in ((layout.download_dir(self.run, unit, e, r + 1),
+                       trimmed),
+                      (layout.published_dir(self.run, unit, e, r + 1), copy)):
+      items.save_tree(key, tree, meta)
+      self.meter.add("written", r, key)
+    self.downloads.remember(unit, e, r + 1, copy)
 
   def finished(self) -> bool:
     return all(v > self.spec.num_rounds for v in self.next_version.values())

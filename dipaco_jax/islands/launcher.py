@@ -221,11 +221,12 @@ def check_config(config, options: IslandOptions | None = None) -> None:
         "config.diloco.delay/per_slot: islands apply one delay to every "
         "slot, none, one_round or overlap; eager, lookahead and per-slot "
         "delays are simulated by dipaco_jax.main only.")
-  if getattr(config.diloco, "download_compression", "none") != "none":
+  if (getattr(config.diloco, "download_compression", "none") != "none"
+      and units_lib.num_stages(config) > 1):
     raise UserError(
-        "config.diloco.download_compression: compressed downloads are "
-        "simulated by dipaco_jax.main only; islands read module versions "
-        "in float32 (set it to none).")
+        "config.diloco.download_compression: islands with pipeline stages "
+        "(config.pipeline.stages > 1) read module versions in float32; set "
+        "it to none or the stages to 1.")
   units_lib.check_codecs(config)
   replay.check_options(options and options.inner_state_every)
 

@@ -10,6 +10,10 @@ named as its slot.)
   RUN/spec.json                          what every role needs (RunSpec)
   RUN/modules/{slot}/{e:05d}/v{n:06d}/   module parameters after n outer steps
   RUN/outer_state/{slot}/{e:05d}/v{n:06d}/  its outer optimizer state
+  RUN/download/{slot}/{e:05d}/v{n:06d}/  with diloco.download_compression:
+  RUN/published/{slot}/{e:05d}/v{n:06d}/ version n's change for the workers'
+                                         copy, compressed, and the copy
+                                         whole (`islands/downloads.py`)
   RUN/inner/{w:05d}/s{step:08d}/         worker w's AdamW state at `step`
   RUN/contrib/r{r:06d}/{w:05d}/{slot}/   worker w's contribution of round r,
                                          one key per unit (its executors read
@@ -28,8 +32,8 @@ which matters on object stores (no atomic rename, no locks).
 
 Version n of a module is the one round n starts from; round r's outer step
 turns version r into r + 1 from the users' round-r contributions. Its
-optimizer state is committed before its parameters, so committed parameters
-mean the whole version is there.
+optimizer state (and the workers' compressed copy) is committed before its
+parameters, so committed parameters mean the whole version is there.
 """
 
 import dataclasses
@@ -54,6 +58,16 @@ def module_dir(run, slot: str, expert: int, version: int) -> epath.Path:
 
 def outer_state_dir(run, slot: str, expert: int, version: int) -> epath.Path:
   return (epath.Path(run) / "outer_state" / slot / f"{expert:05d}"
+          / f"v{version:06d}")
+
+
+def download_dir(run, slot: str, expert: int, version: int) -> epath.Path:
+  return (epath.Path(run) / "download" / slot / f"{expert:05d}"
+          / f"v{version:06d}")
+
+
+def published_dir(run, slot: str, expert: int, version: int) -> epath.Path:
+  return (epath.Path(run) / "published" / slot / f"{expert:05d}"
           / f"v{version:06d}")
 
 

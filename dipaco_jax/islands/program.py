@@ -38,12 +38,13 @@ class GroupProgram:
     config.mesh.path = math.gcd(config.mesh.path or group_size, group_size,
                                 max(num_devices // stages, 1))
     # The program runs inner steps only; the delay and the compression are
-    # the task's business (islands/delayed.py, islands/wire.py), so its
-    # state is the plain one.
+    # the task's business (islands/delayed.py, islands/wire.py,
+    # islands/downloads.py), so its state is the plain one.
     config.diloco.delay = "none"
     config.diloco.compression = "none"
     config.diloco.error_feedback = False
     config.diloco.per_slot = ""
+    config.diloco.download_compression = "none"  # islands/downloads.py's.
     slots = tuple(dataclasses.replace(s, num_experts=group_size)
                   for s in full.slots)
     topology = dataclasses.replace(

@@ -19,7 +19,11 @@ from dipaco_jax.store import items
 
 def read_module(runner, slot_name: str, num_units: int, expert: int,
                 version: int, like, round_index: int):
-  """Module (slot, expert) at `version`, from its units' keys (host)."""
+  """Module (slot, expert) at `version`, from its units' keys (host); with
+  compressed downloads, the workers' copy of it (`islands/downloads.py`)."""
+  if runner.downloads.compressed(slot_name):  # One unit: stages refused.
+    return runner.downloads.copy_at(runner.run, slot_name, expert, version,
+                                    like, runner.meter, round_index)
   share_like = units_lib.share_like(like, num_units)
 
   def read(stage):

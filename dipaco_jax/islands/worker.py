@@ -46,6 +46,7 @@ from dipaco_jax.data import prefetch
 from dipaco_jax.data import shards as shards_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import delayed
+from dipaco_jax.islands import downloads as downloads_lib
 from dipaco_jax.islands import heartbeat as heartbeat_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import program as program_lib
@@ -106,6 +107,9 @@ class TaskRunner:
     self.prefetch = None  # delayed._Prefetch: its next module version.
     self.delayed = self.config.diloco.delay in ("one_round", "overlap")
     self.wire = wire_lib.Wire(self.config, self.topology.slots)
+    # The workers' copies of the modules last read (compressed downloads).
+    self.downloads = downloads_lib.Downloads(self.config,
+                                             self.topology.slots)
     self._batches: dict[tuple[int, ...], batches_lib.StackedBatches] = {}
 
   def program(self, size: int) -> program_lib.GroupProgram:
