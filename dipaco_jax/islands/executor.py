@@ -14,8 +14,8 @@ rest of the chain of `diloco.outer` (mix over the module's users, then the
 outer optimizer; nothing re-written here; compressed contributions are
 decoded first, `islands/wire.py`), and commits version r + 1: the
 optimizer state first (with compressed downloads, then the workers'
-compressed copy, `islands/downloads.py`), the parameters last. A module's step waits only for
-its own users. A killed executor is restarted and carries on from the
+compressed copy, `islands/downloads.py`), the parameters last. A module's
+step waits only for its own users. A killed executor is restarted and carries on from the
 newest committed version of each module; a re-run step writes the same
 bytes.
 

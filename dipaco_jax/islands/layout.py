@@ -51,24 +51,28 @@ from dipaco_jax.store import link
 from dipaco_jax.store import items
 
 
-def module_dir(run, slot: str, expert: int, version: int) -> epath.Path:
-  return (epath.Path(run) / "modules" / slot / f"{expert:05d}"
+def _version_key(run, kind: str, slot: str, expert: int,
+                 version: int) -> epath.Path:
+  """RUN/{kind}/{slot}/{expert:05d}/v{version:06d}/: one module version's
+  item of that kind."""
+  return (epath.Path(run) / kind / slot / f"{expert:05d}"
           / f"v{version:06d}")
+
+
+def module_dir(run, slot: str, expert: int, version: int) -> epath.Path:
+  return _version_key(run, "modules", slot, expert, version)
 
 
 def outer_state_dir(run, slot: str, expert: int, version: int) -> epath.Path:
-  return (epath.Path(run) / "outer_state" / slot / f"{expert:05d}"
-          / f"v{version:06d}")
+  return _version_key(run, "outer_state", slot, expert, version)
 
 
 def download_dir(run, slot: str, expert: int, version: int) -> epath.Path:
-  return (epath.Path(run) / "download" / slot / f"{expert:05d}"
-          / f"v{version:06d}")
+  return _version_key(run, "download", slot, expert, version)
 
 
 def published_dir(run, slot: str, expert: int, version: int) -> epath.Path:
-  return (epath.Path(run) / "published" / slot / f"{expert:05d}"
-          / f"v{version:06d}")
+  return _version_key(run, "published", slot, expert, version)
 
 
 def inner_dir(run, worker: int, step: int) -> epath.Path:
