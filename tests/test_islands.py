@@ -194,15 +194,17 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
   assert 0 < sent < 4 * floats / 5, (sent, 4 * floats)
 
 
-@pytest.mark.parametrize("delay,tau", [("none", 0), ("overlap", 1)])
 def test_compressed_downloads_on_islands_equal_the_spmd_simulation(
-    tmp_path, monkeypatch, delay, tau):
+    tmp_path, monkeypatch):
   # diloco.download_compression for real (islands/downloads.py): the
   # executors publish each version's change for the workers' copy in int4;
   # a worker that holds its copy reads the change, one that does not (every
   # task as another worker's) reads the copy whole, as does a restarted
   # executor; all train from the same bits as the SPMD simulation's copy.
-  settings = dict(delay=delay, overlap_steps=tau, compression="int4",
+  # Under overlap (tau = 1 of H = 2): its apply and its prefetch read the
+  # copies too (delay none takes the same reads, without the thread; run
+  # by hand in session 21, left out of CI for its time).
+  settings = dict(delay="overlap", overlap_steps=1, compression="int4",
                   error_feedback=True, compression_block_size=64,
                   download_compression="int4")
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
