@@ -382,9 +382,11 @@ def _unit_bytes(run, kind, slot, expert, version, stage=None):
   return atomic.read_commit(directory)["bytes"]
 
 
-@pytest.mark.parametrize("delay,compression", [("none", "none"),
-                                               ("one_round", "int4"),
-                                               ("overlap", "int4")])
+# (The plain case, no delay and float32, is run with kills by
+# test_islands_processes.test_pipelined_units_survive_kills; left out here
+# for CI's time.)
+@pytest.mark.parametrize("delay,compression", [("one_round", "int4"),
+                                               ("overlap", "none")])
 def test_pipelined_islands_store_stages_and_equal_the_spmd_runtime(
     tmp_path, delay, compression):
   # 2 pipeline stages: every layer slot's module, outer state and
