@@ -89,8 +89,15 @@ class Checkpointer:
     self._hasher = concurrent.futures.ThreadPoolExecutor(
         1, thread_name_prefix="ckpt-digests")
     # Orbax only accepts a post-finalization callback with async saves.
+    # Its directories are created before the save returns: created in the
+    # background (orbax's default), the step's temporary directory and its
+    # items' are made by two unordered threads (the items' with their
+    # parents), and the step's thread deletes a directory it finds already
+    # there: a two-process CI run failed on that race (FileExistsError on
+    # an item's directory, orbax 0.12.8; BUILD_NOTES "CI").
     async_options = (ocp.AsyncOptions(
-        post_finalization_callback=self._on_finalized)
+        post_finalization_callback=self._on_finalized,
+        create_directories_asynchronously=False)
                      if async_save else None)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True,
