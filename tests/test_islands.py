@@ -11,11 +11,13 @@ import jax
 import numpy as np
 import pytest
 
+from dipaco_jax import paths as paths_lib
 from dipaco_jax import testing
 from dipaco_jax.data import shards as shards_lib
 from dipaco_jax.data import token_store
 from dipaco_jax.errors import UserError
 from dipaco_jax.islands import coordinator as coordinator_lib
+from dipaco_jax.islands import downloads as downloads_lib
 from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import launcher
 from dipaco_jax.islands import layout
@@ -242,6 +244,38 @@ def test_compressed_downloads_on_islands_equal_the_spmd_simulation(
   whole = atomic.read_commit(run / "published" / "embed_head" / "00000" /
                              "v000001")["bytes"]
   assert 0 < change < whole / 5, (change, whole)
+
+
+def test_a_workers_copies_stay_within_its_download_cache():
+  # --download_cache_mb: copies beyond the budget go, the least recently
+  # used first (reading a copy counts as a use); one that went is read
+  # whole at its next use, so only bytes change, never the numbers.
+  config = testing.tiny_config("2x2")
+  config.diloco.download_compression = "int4"
+  slots = paths_lib.topology_from_config(config).slots
+  copy = {"w": np.zeros((256,), np.float32)}  # 1 kB a copy.
+  downloads = downloads_lib.Downloads(config, slots, max_bytes=2048)
+  downloads.remember("a", 0, 1, copy)
+  downloads.remember("a", 1, 1, copy)
+  assert downloads.held("a", 0, 1) is copy  # Now the most recent.
+  downloads.remember("b", 0, 1, copy)  # Over 2 kB: ("a", 1) goes.
+  assert downloads.held("a", 1, 1) is None
+  assert downloads.held("a", 0, 1) is copy
+  assert downloads.held("b", 0, 1) is copy
+  assert downloads.held_bytes() == 2048
+  # A copy larger than the budget is still kept, alone, until the next.
+  downloads.remember("c", 0, 1, {"w": np.zeros((1024,), np.float32)})
+  assert downloads.held_bytes() == 4096
+  assert downloads.held("a", 0, 1) is None
+  unlimited = downloads_lib.Downloads(config, slots)
+  for e in range(8):
+    unlimited.remember("a", e, 1, copy)
+  assert unlimited.held_bytes() == 8 * 1024
+  # The launcher hands the budget to the workers it starts.
+  options = launcher.IslandOptions(num_workers=1, download_cache_mb=64.0)
+  worker = [r for r in roles_lib.make_roles("RUN", options, 5)
+            if r.name.startswith("worker")][0]
+  assert "--download_cache_mb=64.0" in worker.command
 
 
 @pytest.mark.parametrize("delay", ["one_round", "overlap"])

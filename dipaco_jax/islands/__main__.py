@@ -56,6 +56,11 @@ _INNER_STATE_EVERY = flags.DEFINE_integer(
     "replays up to K - 1 rounds, and the store keeps up to K module "
     "versions (with a delay, one_round or overlap, the anchor is part of "
     "the state and is committed with it).", lower_bound=1)
+_WORKER_DOWNLOAD_CACHE = flags.DEFINE_float(
+    "worker_download_cache_mb", None, "Each local worker's host memory "
+    "for its copies of the modules with diloco.download_compression (the "
+    "least recently used goes first and is read whole when needed again); "
+    "0 = no limit; default: the worker's (4096).", lower_bound=0.0)
 _LEASE_TIMEOUT = flags.DEFINE_float(
     "lease_timeout_s", 20.0, "A worker whose heartbeat is this old loses "
     "its task.", lower_bound=1.0)
@@ -74,6 +79,7 @@ def main(argv):
       gpus_per_machine=_GPUS.value,
       link_mbps=_LINK_MBPS.value, link_latency_ms=_LINK_LATENCY.value,
       inner_state_every=_INNER_STATE_EVERY.value,
+      download_cache_mb=_WORKER_DOWNLOAD_CACHE.value,
       slowdown_s={w: float(t) for w, t in (
           item.split(":") for item in _SLOW_WORKERS.value)})
   main_lib.main(argv, islands=options)

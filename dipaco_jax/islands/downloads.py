@@ -17,13 +17,16 @@ are there too):
                                    not hold p_{n-1} (new, restarted, given
                                    another group's task) reads instead
 
-A worker keeps the copy of each module it last read. Both sides make p_n
+A worker keeps the copy of each module it last read, up to a budget of
+host memory (`--download_cache_mb` of the worker; the least recently used
+copy goes first, and the module is then read whole once). Both sides make p_n
 with `apply`, decoding on the host's CPU, so a worker's copy has the bits
 of the executor's: a worker that read the change and one that read p_n
 whole train from the same numbers. Pipeline stages (`islands/units.py`)
 are refused with compressed downloads (`launcher.check_config`).
 """
 
+import collections
 import threading
 
 import jax
@@ -39,13 +42,16 @@ from dipaco_jax.store import items
 
 class Downloads:
   """The download codec of each slot that has one, and a role's copies:
-  {(slot, expert): (version, module tree on the host)}."""
+  {(slot, expert): (version, module tree on the host)}, the least recently
+  used first; their bytes stay within `max_bytes` (None: no limit), except
+  for the copy remembered last."""
 
-  def __init__(self, config, slots):
+  def __init__(self, config, slots, max_bytes: int | None = None):
     comms = comm_lib.comm_by_slot(config, slots)
     self.codecs = {name: compress.make_codec(c.download_spec)
                    for name, c in comms.items() if c.download != "none"}
-    self._copies = {}
+    self.max_bytes = max_bytes
+    self._copies = collections.OrderedDict()
     self._lock = threading.Lock()  # Overlap's prefetch reads in a thread.
 
   def compressed(self, slot: str) -> bool:
@@ -74,12 +80,25 @@ class Downloads:
   def remember(self, slot: str, expert: int, version: int, copy) -> None:
     with self._lock:
       self._copies[(slot, expert)] = (version, copy)
+      self._copies.move_to_end((slot, expert))
+      if self.max_bytes is None:
+        return
+      held = sum(_nbytes(c) for _, c in self._copies.values())
+      while held > self.max_bytes and len(self._copies) > 1:
+        _, (_, evicted) = self._copies.popitem(last=False)
+        held -= _nbytes(evicted)
 
   def held(self, slot: str, expert: int, version: int):
     """This role's copy of the module at `version`, or None."""
     with self._lock:
       kept = self._copies.get((slot, expert))
+      if kept is not None:
+        self._copies.move_to_end((slot, expert))
     return kept[1] if kept is not None and kept[0] == version else None
+
+  def held_bytes(self) -> int:
+    with self._lock:
+      return sum(_nbytes(c) for _, c in self._copies.values())
 
   def forget(self) -> None:
     with self._lock:
@@ -111,3 +130,7 @@ class Downloads:
     copy = jax.tree.map(np.asarray, copy)
     self.remember(slot, expert, version, copy)
     return copy
+
+
+def _nbytes(tree) -> int:
+  return sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree))

@@ -53,6 +53,8 @@ class IslandOptions:
   link_latency_ms: float = 0.0
   # Commit the workers' AdamW states every K rounds (RunSpec).
   inner_state_every: int = 1
+  # Each local worker's --download_cache_mb; None: the worker's default.
+  download_cache_mb: float | None = None
 
 
 def write_version_zero(run, runtime, init_bank, seed: int) -> None:

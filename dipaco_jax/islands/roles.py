@@ -89,6 +89,8 @@ def make_roles(run, options, num_modules: int) -> list[Role]:
       args.append(f"--fake_devices={options.fake_devices}")
     if options.slowdown_s.get(worker_id):
       args.append(f"--slowdown_s={options.slowdown_s[worker_id]}")
+    if options.download_cache_mb is not None:
+      args.append(f"--download_cache_mb={options.download_cache_mb}")
     worker_env = env
     if options.gpus_per_machine:
       worker_env = {**env, "CUDA_VISIBLE_DEVICES": worker_gpu(

@@ -61,6 +61,11 @@ from dipaco_jax.store import items
 from dipaco_jax.train import dispatch
 from dipaco_jax.train import profiling
 
+# A worker's default budget of host memory for its copies of compressed
+# downloads: 1B float32 parameters' worth, more than a task's modules on
+# the models here, less than a large bank (a guess at what a worker host
+# spares; `--download_cache_mb`).
+DOWNLOAD_CACHE_MB = 4096.0
 # Exit status of a worker whose task cannot succeed on a re-run (diverged,
 # bad data): the launcher stops the run instead of restarting the worker.
 EXIT_PERMANENT = 3
@@ -81,7 +86,8 @@ class TaskRunner:
   tasks."""
 
   def __init__(self, run, spec: layout.RunSpec, meter: layout.ByteMeter,
-               slowdown_s: float = 0.0, log=print, trace_dir=None):
+               slowdown_s: float = 0.0, log=print, trace_dir=None,
+               download_cache_bytes: int | None = None):
     self.run, self.spec, self.meter = run, spec, meter
     self.slowdown_s, self.log = slowdown_s, log
     self.config = spec.config_dict()
@@ -107,9 +113,10 @@ class TaskRunner:
     self.prefetch = None  # delayed._Prefetch: its next module version.
     self.delayed = self.config.diloco.delay in ("one_round", "overlap")
     self.wire = wire_lib.Wire(self.config, self.topology.slots)
-    # The workers' copies of the modules last read (compressed downloads).
-    self.downloads = downloads_lib.Downloads(self.config,
-                                             self.topology.slots)
+    # The workers' copies of the modules last read (compressed downloads),
+    # within `download_cache_bytes` of host memory (None: no limit).
+    self.downloads = downloads_lib.Downloads(
+        self.config, self.topology.slots, download_cache_bytes)
     self._batches: dict[tuple[int, ...], batches_lib.StackedBatches] = {}
 
   def program(self, size: int) -> program_lib.GroupProgram:
@@ -295,15 +302,21 @@ class TaskRunner:
 
 
 def serve(run, worker_id: str, slowdown_s: float = 0.0,
-          poll_s: float = 0.02, max_idle_s: float = 3600.0) -> int:
+          poll_s: float = 0.02, max_idle_s: float = 3600.0,
+          download_cache_mb: float = 0.0) -> int:
   """Takes tasks until the run is done; returns the number run. Waits up
-  to `max_idle_s` for the run to start and between tasks."""
+  to `max_idle_s` for the run to start and between tasks.
+  `download_cache_mb`: host memory for the copies of compressed downloads
+  (0: no limit)."""
   spec = layout.RunSpec.load(run, timeout_s=max_idle_s)
   spec.use_link()
   log = lambda msg: print(f"[worker {worker_id}] {msg}", flush=True)
   meter = layout.ByteMeter(run, f"worker-{worker_id}")
   runner = TaskRunner(run, spec, meter, slowdown_s, log, trace_dir=(
-      epath.Path(run) / "logs" / "profile" / f"worker_{worker_id}"))
+      epath.Path(run) / "logs" / "profile" / f"worker_{worker_id}"),
+                      download_cache_bytes=(
+                          int(download_cache_mb * 2**20)
+                          if download_cache_mb > 0 else None))
   stats = timeline.TaskStats(run, worker_id)
   assign_path = layout.control(run, "assign", f"{worker_id}.json")
   done_seq, ran, idle_since = -1, 0, time.monotonic()
@@ -353,11 +366,18 @@ def main(argv=None) -> None:
   parser.add_argument("--max_idle_s", type=float, default=3600.0,
                       help="give up after waiting this long for the run to "
                       "start or for a task")
+  parser.add_argument("--download_cache_mb", type=float,
+                      default=DOWNLOAD_CACHE_MB,
+                      help="host memory for the modules' copies with "
+                      "compressed downloads (the least recently used "
+                      "goes first, to be read whole when needed again); "
+                      "0 = no limit")
   args = parser.parse_args(argv)
   mesh_lib.setup_fake_devices(args.fake_devices)
   try:
     serve(args.store, args.worker_id, args.slowdown_s,
-          max_idle_s=args.max_idle_s)
+          max_idle_s=args.max_idle_s,
+          download_cache_mb=args.download_cache_mb)
   except TaskFailed as e:
     atomic.write_json(layout.control(args.store, "failed",
                                       f"{args.worker_id}.json"),
