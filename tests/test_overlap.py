@@ -114,10 +114,8 @@ def test_tau_equal_to_h_is_one_round(tmp_path):
   for a, b in zip(_leaves(_common(one)), _leaves(_common(over)),
                   strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  # A different tau is a different run.
-  other = _train(_config(1), tmp_path / "other").state
-  assert any(not np.allclose(a, b, atol=1e-4) for a, b in zip(
-      _leaves(_common(one)[1]), _leaves(_common(other)[1])))
+  # That a tau < H applies elsewhere, and how: the loop's apply steps
+  # (test_loop_bookkeeping_of_the_apply_steps) and the rule by hand.
 
 
 def test_a_round_in_flight_survives_a_kill(tmp_path):
