@@ -303,7 +303,7 @@ class TaskRunner:
 
 def serve(run, worker_id: str, slowdown_s: float = 0.0,
           poll_s: float = 0.02, max_idle_s: float = 3600.0,
-          download_cache_mb: float = 0.0) -> int:
+          download_cache_mb: float = DOWNLOAD_CACHE_MB) -> int:
   """Takes tasks until the run is done; returns the number run. Waits up
   to `max_idle_s` for the run to start and between tasks.
   `download_cache_mb`: host memory for the copies of compressed downloads
