@@ -157,8 +157,9 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
 
 
 @pytest.mark.parametrize("delay,tau,factor_bits", [
-    ("none", 0, 0),
-    # one_round with int4 is also the pipelined islands equality's case.
+    # No delay: the int4 factors' case; one_round shares islands/delayed.py
+    # with overlap (and is a pipelined islands case under --full).
+    pytest.param("none", 0, 0, marks=pytest.mark.full),
     pytest.param("one_round", 0, 0, marks=pytest.mark.full),
     ("overlap", 1, 0),
     pytest.param("overlap", 2, 0, marks=pytest.mark.full),
@@ -423,8 +424,9 @@ def _unit_bytes(run, kind, slot, expert, version, stage=None):
 # (The plain case, no delay and float32, is run with kills by
 # test_islands_processes.test_pipelined_units_survive_kills; left out here
 # for CI's time.)
-@pytest.mark.parametrize("delay,compression", [("one_round", "int4"),
-                                               ("overlap", "none")])
+@pytest.mark.parametrize("delay,compression", [
+    pytest.param("one_round", "int4", marks=pytest.mark.full),
+    ("overlap", "none")])
 def test_pipelined_islands_store_stages_and_equal_the_spmd_runtime(
     tmp_path, delay, compression):
   # 2 pipeline stages: every layer slot's module, outer state and

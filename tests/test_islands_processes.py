@@ -135,6 +135,7 @@ def test_kills_of_every_role_lose_nothing(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.full  # Kills: the test above; pipelined units: test_islands.
 def test_pipelined_units_survive_kills(tmp_path):
   # 2 pipeline stages per worker (2 fake devices each): each layer slot is
   # 2 units per module, dealt to the 2 executors; kills of a worker, an

@@ -11,7 +11,10 @@ import numpy as np
 
 import test_pipeline  # pylint: disable=g-bad-import-order  (tests/ is on sys.path)
 
-_FLAGS = ["--config.base.num_steps=4", "--config.train.num_steps=8",
+# No base stage (token-embedding routing): it trains as the dense run does.
+_FLAGS = ["--config.base.num_steps=0",
+          "--config.routing.features=token_embedding",
+          "--config.train.num_steps=8",
           "--config.diloco.inner_steps=4", "--config.eval.early_stopping=True",
           "--config.routing.router_fraction=0.2",
           "--config.eval.reroute_every=16",
