@@ -157,8 +157,9 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
 
 
 @pytest.mark.parametrize("delay,tau,factor_bits", [
-    # No delay: the int4 factors' case; one_round shares islands/delayed.py
-    # with overlap (and is a pipelined islands case under --full).
+    # Under --full: no delay with float32 factors (the int4 factors' case
+    # stays), one_round (it shares islands/delayed.py with overlap) and
+    # tau = 2.
     pytest.param("none", 0, 0, marks=pytest.mark.full),
     pytest.param("one_round", 0, 0, marks=pytest.mark.full),
     ("overlap", 1, 0),
@@ -201,17 +202,19 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
   assert 0 < sent < 4 * floats / 5, (sent, 4 * floats)
 
 
+# Delay none takes overlap's reads without the prefetch thread.
+@pytest.mark.parametrize("delay,tau", [
+    pytest.param("none", 0, marks=pytest.mark.full), ("overlap", 1)])
 def test_compressed_downloads_on_islands_equal_the_spmd_simulation(
-    tmp_path, monkeypatch):
+    tmp_path, monkeypatch, delay, tau):
   # diloco.download_compression for real (islands/downloads.py): the
   # executors publish each version's change for the workers' copy in int4;
   # a worker that holds its copy reads the change, one that does not (every
   # task as another worker's) reads the copy whole, as does a restarted
   # executor; all train from the same bits as the SPMD simulation's copy.
   # Under overlap (tau = 1 of H = 2): its apply and its prefetch read the
-  # copies too (delay none takes the same reads, without the thread; run
-  # by hand in session 21, left out of CI for its time).
-  settings = dict(delay="overlap", overlap_steps=1, compression="int4",
+  # copies too.
+  settings = dict(delay=delay, overlap_steps=tau, compression="int4",
                   error_feedback=True, compression_block_size=64,
                   download_compression="int4")
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
@@ -422,8 +425,8 @@ def _unit_bytes(run, kind, slot, expert, version, stage=None):
 
 
 # (The plain case, no delay and float32, is run with kills by
-# test_islands_processes.test_pipelined_units_survive_kills; left out here
-# for CI's time.)
+# test_islands_processes.test_pipelined_units_survive_kills, under --full;
+# left out here for CI's time.)
 @pytest.mark.parametrize("delay,compression", [
     pytest.param("one_round", "int4", marks=pytest.mark.full),
     ("overlap", "none")])
