@@ -191,6 +191,38 @@ def test_orthonormalize_zeroes_a_dependent_column():
       q_MxR, [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]], atol=1e-6)
 
 
+def test_orthonormalize_zeroes_a_column_dependent_up_to_rounding():
+  # Column 1 is 3 x column 0 plus noise of float32 rounding's size: what
+  # Gram-Schmidt leaves of it is noise, which must come out zero, not
+  # scaled up to a unit column in a direction no CPU agrees on.
+  rng = np.random.default_rng(4)
+  a_M = rng.standard_normal(64).astype(np.float32)
+  noise_M = 1e-7 * rng.standard_normal(64).astype(np.float32)
+  b_M = rng.standard_normal(64).astype(np.float32)
+  a_MxR = np.stack([a_M, 3 * a_M + noise_M, b_M], axis=1)
+  q_MxR = np.asarray(compress_lowrank.orthonormalize(jnp.asarray(a_MxR)))
+  np.testing.assert_array_equal(q_MxR[:, 1], np.zeros(64))
+  np.testing.assert_allclose(np.linalg.norm(q_MxR[:, [0, 2]], axis=0),
+                             [1.0, 1.0], rtol=1e-6)
+
+
+def test_lowrank_of_a_rank_1_matrix_sends_exact_zero_columns():
+  # The warm start has 4 columns; M Q has rank 1, so P's columns past the
+  # first are exactly zero, whatever order the CPU sums in, and the
+  # decode is M to float32 rounding (a machine where it came out 1% off
+  # normalized rounding noise into a column).
+  rng = np.random.default_rng(2)
+  m = np.outer(rng.standard_normal(8), rng.standard_normal(6)).astype(
+      np.float32)
+  p, q, rank, _ = compress_lowrank.power_step(
+      jnp.asarray(m), compress_lowrank.init_q(6, 4), rank_min=1, energy=1.0)
+  np.testing.assert_array_equal(np.asarray(p)[:, 1:], np.zeros((8, 3)))
+  np.testing.assert_array_equal(np.asarray(q)[:, 1:], np.zeros((6, 3)))
+  assert int(rank) == 4  # energy 1: rank_max, yet only one column is live
+  np.testing.assert_allclose(compress_lowrank.expand(p, q), m,
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_lowrank_compiles_without_lapack_qr():
   # Batched LAPACK QR deadlocked whole runs on a 2-core CPU (BUILD_NOTES
   # "A hang"): the workers' vmapped power step must not call it.

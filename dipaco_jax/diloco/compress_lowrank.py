@@ -26,6 +26,9 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 # Every leaf's first warm start: fixed, so that workers agree and a rerun
 # compresses the same way.
 _INIT_SEED = 0
+# orthonormalize: a column keeping less than this share of its norm after
+# removing the earlier columns' directions is a combination of them.
+_DEPENDENT_RTOL = 1e-4
 
 
 def matrix_shape(shape) -> tuple[int, int] | None:
@@ -56,9 +59,18 @@ def init_q(n: int, r: int) -> np.ndarray:
 def orthonormalize(a_MxR):
   """Orthonormal columns spanning a's, column by column: classical
   Gram-Schmidt applied twice ("CGS2", as stable as Householder for these
-  few columns), as PowerSGD orthogonalizes. A column that is exactly a
-  combination of the earlier ones (a zero contribution, say) comes out
-  zero, which power_step handles.
+  few columns), as PowerSGD orthogonalizes. A column that is a
+  combination of the earlier ones (a zero contribution, or any column of
+  a rank-deficient M Q) comes out exactly zero, which power_step handles.
+
+  "A combination" up to rounding: what two passes leave of such a column
+  is float32 rounding noise, a few eps of the column's own norm. Scaled to
+  unit norm it would be a direction set by the CPU's summation order (it
+  differed between machines), and its tiny singular value would still mix
+  into the eigenvectors of the Gram matrix. A column that keeps less than
+  `_DEPENDENT_RTOL` of its norm is taken as dependent: the energy so
+  dropped is at most 1e-8 of the column's, far below any rank the
+  adaptive rule keeps.
 
   Not jnp.linalg.qr: the CPU's LAPACK QR of a batch of these matrices
   (one per worker, under vmap) splits its batch over the intra-op thread
@@ -70,13 +82,15 @@ def orthonormalize(a_MxR):
   def add_column(j, q_MxR):
     earlier_1xR = (jnp.arange(r) < j)[None, :]
     basis_MxR = jnp.where(earlier_1xR, q_MxR, 0.0)
-    v_M = jax.lax.dynamic_index_in_dim(a_MxR, j, axis=1, keepdims=False)
+    a_M = jax.lax.dynamic_index_in_dim(a_MxR, j, axis=1, keepdims=False)
+    v_M = a_M
     for _ in range(2):  # the second pass removes what rounding left
       v_M = v_M - jnp.matmul(
           basis_MxR, jnp.matmul(basis_MxR.T, v_M, precision=_HIGHEST),
           precision=_HIGHEST)
     norm = jnp.linalg.norm(v_M)
-    v_M = jnp.where(norm > 0, v_M / jnp.where(norm > 0, norm, 1.0), 0.0)
+    independent = norm > _DEPENDENT_RTOL * jnp.linalg.norm(a_M)
+    v_M = jnp.where(independent, v_M / jnp.where(independent, norm, 1.0), 0.0)
     return jax.lax.dynamic_update_index_in_dim(q_MxR, v_M, j, axis=1)
   return jax.lax.fori_loop(0, r, add_column, jnp.zeros_like(a_MxR))
 
