@@ -5,6 +5,12 @@ command line overrides them again (`--config.model.num_layers=4`). Every field
 is commented here once; `validate()` checks every field (type, choices,
 range) and the cross-field constraints before any compute so that a bad
 config fails in a second, not an hour in.
+
+Layers: `config_fields` (the error, the per-field rules and parsers) is the
+bottom; the modules whose own rules `validate()` runs (diloco.comm,
+model.pipelined, parallel.mesh, train.profiling) import it, never this
+module; this module calls them from `validate()` (imported there: they
+import JAX, which experiment files need not).
 """
 
 import importlib.util
@@ -34,9 +40,9 @@ DEFAULT_SHARDING_RULES = (
     ("act_embed", None),
 )
 
-# `stage` sits outside the data axes: a pipeline's activations between
-# neighbours are far fewer bytes than data/fsdp/tensor traffic.
-MESH_AXES = ("path", "stage", "data", "fsdp", "tensor")
+# The mesh axes, in order (config_fields.MESH_AXES, where parallel/mesh.py
+# reads them).
+MESH_AXES = config_fields.MESH_AXES
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -277,24 +283,12 @@ ConfigError = config_fields.ConfigError
 _fail = config_fields.fail
 
 
-def parse_shape(shape: str) -> tuple[int, ...]:
-  """'2x4' -> (2, 4)."""
-  try:
-    sizes = tuple(int(s) for s in shape.lower().split("x"))
-  except ValueError:
-    _fail("paths.shape", f"{shape!r} is not like '2x2' (experts per level).")
-  if not sizes or any(s < 1 for s in sizes):
-    _fail("paths.shape", f"{shape!r}: every level needs at least 1 expert.")
-  return sizes
-
-
-def parse_int_list(field: str, text: str) -> tuple[int, ...]:
-  if not text.strip():
-    return ()
-  try:
-    return tuple(int(s) for s in text.split(","))
-  except ValueError:
-    _fail(field, f"{text!r} is not a comma-separated list of integers.")
+# Parsers of single fields, in config_fields.py with the per-field rules
+# (the modules that validate() calls use them too, and import config_fields,
+# never this module).
+parse_shape = config_fields.parse_shape
+parse_int_list = config_fields.parse_int_list
+num_workers_of = config_fields.num_workers_of
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
@@ -354,7 +348,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
           "(e.g. 0.05), or turn them off (routing.discriminative_steps=0, "
           "eval.learned_reroute=False).")
   config_fields.check_dense_scales(config)
-  # Imported here: they import jax, which config files need not.
+  # Imported here: they import jax, which config files need not. None of
+  # them imports this module (tests/test_import_cycles.py).
   from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top
   from dipaco_jax.train import profiling  # pylint: disable=g-import-not-at-top
   comm_lib.check_config(config)
@@ -379,8 +374,3 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _fail("train.batch_size", f"{t.batch_size} must be divisible by "
           f"mesh.data x mesh.fsdp = {batch_shards}.")
   pipelined.check_mesh(config, mesh)
-
-
-def num_workers_of(config) -> int:
-  """Workers = paths x replicas: the leading axis of the inner state."""
-  return math.prod(parse_shape(config.paths.shape)) * config.paths.num_replicas

@@ -21,6 +21,11 @@ def fail(field: str, message: str):
   raise ConfigError(f"config.{field}: {message}")
 
 
+# `stage` sits outside the data axes: a pipeline's activations between
+# neighbours are far fewer bytes than data/fsdp/tensor traffic.
+MESH_AXES = ("path", "stage", "data", "fsdp", "tensor")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Range:
   """The allowed values of one numeric field of `base_config()`.
@@ -241,3 +246,29 @@ def check_dense_scales(config) -> None:
             abs(s * layers - round(s * layers)) < 1e-6):
       fail("eval.dense_scales", f"{s:g} x model.num_layers={layers} is not "
            "a positive whole number of layers; use multiples such as 2,4.")
+
+
+def parse_shape(shape: str) -> tuple[int, ...]:
+  """`paths.shape`: '2x4' -> (2, 4)."""
+  try:
+    sizes = tuple(int(s) for s in shape.lower().split("x"))
+  except ValueError:
+    fail("paths.shape", f"{shape!r} is not like '2x2' (experts per level).")
+  if not sizes or any(s < 1 for s in sizes):
+    fail("paths.shape", f"{shape!r}: every level needs at least 1 expert.")
+  return sizes
+
+
+def parse_int_list(field: str, text: str) -> tuple[int, ...]:
+  """A field such as `paths.private_layers`: '0,5' -> (0, 5); '' -> ()."""
+  if not text.strip():
+    return ()
+  try:
+    return tuple(int(s) for s in text.split(","))
+  except ValueError:
+    fail(field, f"{text!r} is not a comma-separated list of integers.")
+
+
+def num_workers_of(config) -> int:
+  """Workers = paths x replicas: the leading axis of the inner state."""
+  return math.prod(parse_shape(config.paths.shape)) * config.paths.num_replicas

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from dipaco_jax import config_base
+from dipaco_jax import config_fields
 
 EMBED_SLOT = "embed_head"
 
@@ -136,10 +136,10 @@ def topology_from_config(config) -> Topology:
   p = config.paths
   return build_topology(
       num_layers=config.model.num_layers,
-      level_sizes=config_base.parse_shape(p.shape),
-      layers_per_level=config_base.parse_int_list("paths.layers_per_level",
-                                                  p.layers_per_level),
-      private_layers=config_base.parse_int_list("paths.private_layers",
-                                                p.private_layers),
+      level_sizes=config_fields.parse_shape(p.shape),
+      layers_per_level=config_fields.parse_int_list(
+          "paths.layers_per_level", p.layers_per_level),
+      private_layers=config_fields.parse_int_list("paths.private_layers",
+                                                  p.private_layers),
       private_embedding=p.private_embedding,
       num_replicas=p.num_replicas)

@@ -15,6 +15,8 @@ energy, factor_bits, topk_fraction, topk_chunk).
 
 import dataclasses
 
+from dipaco_jax import config_fields
+from dipaco_jax import paths as paths_lib
 from dipaco_jax.diloco import compress
 from dipaco_jax.errors import UserError
 
@@ -145,9 +147,6 @@ def max_delay(comms: dict[str, SlotComm]) -> int:
 def check_config(config) -> None:
   """Each slot's delay and compressor (per_slot included) are valid;
   raises ConfigError naming the field (`config_base.validate`)."""
-  # Imported here: paths imports config_base, whose validate calls this.
-  from dipaco_jax import config_fields  # pylint: disable=g-import-not-at-top
-  from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
   d = config.diloco
   if d.compression_rank_min > d.compression_rank_max:
     config_fields.fail(
@@ -176,7 +175,6 @@ def check_config(config) -> None:
 def _check_overlap(config, delays: set) -> None:
   """overlap runs on every slot or none (its apply steps are the loop's,
   one tau for all), with 1 <= tau <= H."""
-  from dipaco_jax import config_fields  # pylint: disable=g-import-not-at-top
   d = config.diloco
   if "overlap" in delays and len(delays) > 1:
     config_fields.fail("diloco.per_slot", "delay overlap must be every "

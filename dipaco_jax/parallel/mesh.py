@@ -14,7 +14,6 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from dipaco_jax import config_base
 from dipaco_jax import config_fields
 
 
@@ -52,7 +51,7 @@ def verify_fake_devices(num_devices: int) -> None:
 def make_mesh(config, devices=None) -> jax.sharding.Mesh:
   devices = devices if devices is not None else jax.devices()
   shape = resolve_mesh_shape(config, len(devices))
-  axes = config_base.MESH_AXES
+  axes = config_fields.MESH_AXES
   return jax.make_mesh(tuple(shape[a] for a in axes), axes,
                        axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
                        devices=devices)
@@ -60,7 +59,7 @@ def make_mesh(config, devices=None) -> jax.sharding.Mesh:
 
 def resolve_mesh_shape(config, num_devices: int) -> dict[str, int]:
   """Resolves `path=0` (auto) and the one -1 axis against `num_devices`."""
-  sizes = {a: config.mesh[a] for a in config_base.MESH_AXES}
+  sizes = {a: config.mesh[a] for a in config_fields.MESH_AXES}
   if sum(s == -1 for s in sizes.values()) > 1 or any(
       s < -1 or (s == 0 and a not in ("path", "stage"))
       for a, s in sizes.items()):
@@ -70,7 +69,7 @@ def resolve_mesh_shape(config, num_devices: int) -> dict[str, int]:
     sizes["stage"] = config.pipeline.stages
   if sizes["path"] == 0:
     stage = max(sizes["stage"], 1)  # Workers share what stages leave.
-    sizes["path"] = math.gcd(config_base.num_workers_of(config),
+    sizes["path"] = math.gcd(config_fields.num_workers_of(config),
                              max(num_devices // stage, 1))
   known = math.prod(s for s in sizes.values() if s != -1)
   if num_devices % known:

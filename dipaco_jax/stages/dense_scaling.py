@@ -27,25 +27,20 @@ import math
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
-from dipaco_jax import config_fields
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.eval import routed
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
 from dipaco_jax.stages import evaluation
 from dipaco_jax.stages import experiment as experiment_lib
+from dipaco_jax.stages import run_configs
 
 
-@dataclasses.dataclass(frozen=True)
-class DenseSpec:
-  """One extra dense run, derived from the DiPaCo config."""
-  name: str  # Its run directory, runs/NAME.
-  config: ml_collections.ConfigDict
-  role: str  # scaled | same_flops
-  scale: float  # Multiple of one path's non-embedding parameters.
-  steps: int  # Steps the model takes in all, a base's included.
+# The extra runs' configs are derived with the other runs' configs
+# (stages/run_configs.py, which `run_configs.plan` needs them for).
+DenseSpec = run_configs.DenseSpec
+specs = run_configs.dense_specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,42 +59,6 @@ def _tokens_per_step(config) -> int:
 def _base_tokens(config) -> int:
   batch = config.base.batch_size or config.train.batch_size
   return config.base.num_steps * batch * config.data.seq_len
-
-
-def specs(config) -> list[DenseSpec]:
-  """The extra dense runs that `config.eval` asks for (maybe none)."""
-  dense = experiment_lib.dense_config_of(config)
-  out = []
-  # Larger models get more layers of the path's own shape: m x the layers
-  # is exactly m x the non-embedding parameters (every block is the same
-  # size; only the final norm's d_model scales stay fixed), with no
-  # rounding of widths to whole heads, and head_dim, num_heads, d_model,
-  # the embedding and every mesh divisibility stay those of a path. At
-  # fixed parameters the loss depends little on depth vs width (Kaplan et
-  # al. 2020, fig. 5), and deeper-thinner models do slightly better below
-  # a billion parameters (Liu et al. 2024, MobileLLM).
-  total = config.base.num_steps + experiment_lib.path_steps(config)
-  for scale in config_fields.parse_scales(config.eval.dense_scales):
-    out.append(DenseSpec(
-        f"dense_{scale:g}x", _without_extras(experiment_lib.derive_config(
-            dense, **{"model.num_layers": round(config.model.num_layers *
-                                                scale),
-                      "train.num_steps": total})),
-        "scaled", scale, total))
-  if config.eval.dense_same_flops:
-    num_paths = paths_lib.topology_from_config(config).num_paths
-    steps = num_paths * experiment_lib.path_steps(config)
-    out.append(DenseSpec(
-        "dense_same_flops", _without_extras(experiment_lib.derive_config(
-            dense, **{"train.num_steps": steps})),
-        "same_flops", 1.0, config.base.num_steps + steps))
-  return out
-
-
-def _without_extras(config):
-  """A derived run trains no extra runs of its own."""
-  return experiment_lib.derive_config(
-      config, **{"eval.dense_scales": "", "eval.dense_same_flops": False})
 
 
 def param_counts(dims: layers.ModelDims,

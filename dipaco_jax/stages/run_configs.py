@@ -1,13 +1,18 @@
 """The configs of the runs a job makes, and the hashes of their settings:
-the base and dense runs derived from a config, the list of runs
+the base and dense runs derived from a config (the extra dense baselines
+of `eval.dense_scales` included), the list of runs
 `pipeline.run` trains for it, and what of a config determines a run's
 numbers (`training_fields`, `training_hash`)."""
 
 import copy
+import dataclasses
 import hashlib
 import json
 
+import ml_collections
+
 from dipaco_jax import config_base
+from dipaco_jax import config_fields
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.data import prepare
 
@@ -149,11 +154,56 @@ def discriminative_config_of(config):
       "train.num_steps": config.routing.discriminative_steps})
 
 
+@dataclasses.dataclass(frozen=True)
+class DenseSpec:
+  """One extra dense run, derived from the DiPaCo config."""
+  name: str  # Its run directory, runs/NAME.
+  config: ml_collections.ConfigDict
+  role: str  # scaled | same_flops
+  scale: float  # Multiple of one path's non-embedding parameters.
+  steps: int  # Steps the model takes in all, a base's included.
+
+
+def dense_specs(config) -> list[DenseSpec]:
+  """The extra dense runs that `config.eval` asks for (maybe none;
+  stages/dense_scaling.py trains them)."""
+  dense = dense_config_of(config)
+  out = []
+  # Larger models get more layers of the path's own shape: m x the layers
+  # is exactly m x the non-embedding parameters (every block is the same
+  # size; only the final norm's d_model scales stay fixed), with no
+  # rounding of widths to whole heads, and head_dim, num_heads, d_model,
+  # the embedding and every mesh divisibility stay those of a path. At
+  # fixed parameters the loss depends little on depth vs width (Kaplan et
+  # al. 2020, fig. 5), and deeper-thinner models do slightly better below
+  # a billion parameters (Liu et al. 2024, MobileLLM).
+  total = config.base.num_steps + path_steps(config)
+  for scale in config_fields.parse_scales(config.eval.dense_scales):
+    out.append(DenseSpec(
+        f"dense_{scale:g}x", _without_extras(derive_config(
+            dense, **{"model.num_layers": round(config.model.num_layers *
+                                                scale),
+                      "train.num_steps": total})),
+        "scaled", scale, total))
+  if config.eval.dense_same_flops:
+    num_paths = paths_lib.topology_from_config(config).num_paths
+    steps = num_paths * path_steps(config)
+    out.append(DenseSpec(
+        "dense_same_flops", _without_extras(derive_config(
+            dense, **{"train.num_steps": steps})),
+        "same_flops", 1.0, config.base.num_steps + steps))
+  return out
+
+
+def _without_extras(config):
+  """A derived run trains no extra runs of its own."""
+  return derive_config(
+      config, **{"eval.dense_scales": "", "eval.dense_same_flops": False})
+
+
 def plan(config) -> list[tuple[str, object, str | None]]:
   """(run name, config, the run it starts from or None) of every training
   run that `pipeline.run` makes for `config` (kept in step with it)."""
-  # Imported here: dense_scaling imports this module.
-  from dipaco_jax.stages import dense_scaling  # pylint: disable=g-import-not-at-top
   base = "base" if config.base.num_steps > 0 else None
   runs = [("base", base_config_of(config), None)] if base else []
   if paths_lib.topology_from_config(config).num_paths == 1:
@@ -164,7 +214,7 @@ def plan(config) -> list[tuple[str, object, str | None]]:
                  "dipaco"))
   runs.append(("dense", dense_config_of(config), base))
   runs += [(spec.name, spec.config, base if spec.role == "same_flops"
-            else None) for spec in dense_scaling.specs(config)]
+            else None) for spec in dense_specs(config)]
   return runs
 
 
