@@ -25,7 +25,7 @@ _EXTRAS = {
     "data": ["tensorflow==2.21.0", "tensorflow-text==2.21.1",
              "tensorflow-datasets==4.9.10", "seqio==0.0.20"],
     # gcp-storage-emulator: the local GCS of tests/test_gcs_emulator.py
-    # (pinned: dipaco_jax/testing_gcs.py patches its handlers); gcsfs: what
+    # (pinned: dipaco_jax/testing/gcs.py patches its handlers); gcsfs: what
     # etils.epath reads and writes gs:// with.
     "test": ["pytest>=8", "pytest-xdist>=3.5",
              "gcp-storage-emulator==2026.7.19", "gcsfs>=2024.2"],

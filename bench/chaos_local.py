@@ -42,7 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from dipaco_jax import testing_damage as damage_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from dipaco_jax.testing import damage as damage_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 STEPS, EVERY, KEEP = 40, 10, 3
 STEP_DIRS = [STEPS - EVERY * i for i in range(KEEP)]  # kept: 40, 30, 20
 SMALL = ["--fake_devices=8", "--config.base.num_steps=20",
@@ -194,8 +194,9 @@ def committed_steps(workdir: Path, run="dipaco") -> list[int]:
 
 
 def flip_bit(step_dir: Path, item="inner") -> str:
-  """One bit flipped where it changes a stored value (see testing_damage:
-  OCDBT data files also hold superseded b-tree nodes no restore reads)."""
+  """One bit flipped where it changes a stored value (see
+  dipaco_jax/testing/damage.py: OCDBT data files also hold superseded
+  b-tree nodes no restore reads)."""
   return _damage(step_dir, item, damage_lib.flip_bit)
 
 

@@ -36,25 +36,3 @@ jax.config.update("jax_compilation_cache_dir",
 jax.config.update("jax_persistent_cache_min_compile_time_secs", float(
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
-
-# Cases marked `full` repeat what a sibling case or another test already
-# checks, on a path of their own (another schedule, delay or role killed);
-# they are left out of the default run, which CI makes on a 2-core machine
-# within its 30 minutes, and run with `--full` (README, "The two commands").
-def pytest_addoption(parser):
-  parser.addoption("--full", action="store_true",
-                   help="also run the cases marked `full`")
-
-
-def pytest_configure(config):
-  config.addinivalue_line(
-      "markers", "full: a case left out of the default run (see --full)")
-
-
-def pytest_collection_modifyitems(config, items):
-  if config.getoption("--full"):
-    return
-  skip = pytest.mark.skip(reason="a `full` case: run with --full")
-  for item in items:
-    if item.get_closest_marker("full") is not None:
-      item.add_marker(skip)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dipaco_jax import testing
-from dipaco_jax import testing_damage as damage_lib
+from dipaco_jax.testing import damage as damage_lib
 from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import loop
 
@@ -89,7 +89,8 @@ def _restore_latest(run_dir, hashes=None):
     ckpt.close()
 
 
-# Damage, placed where it changes a stored value (see testing_damage).
+# Damage, placed where it changes a stored value (see
+# dipaco_jax/testing/damage.py).
 
 
 def _damage(run_dir, step, item, kind=damage_lib.flip_bit):

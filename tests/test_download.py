@@ -162,7 +162,6 @@ def test_compressed_downloads_resume_exactly_and_log_their_bytes(tmp_path):
     assert f32 / 8 < want < f32 / 7
 
 
-@pytest.mark.full  # Overlap's download on islands: test_islands.py.
 def test_compressed_downloads_with_overlap_resume_exactly(tmp_path):
   # tau = 1 of H = 2: the checkpoint of step 4 holds round 1 in flight,
   # its apply (and download) at step 5, after the kill.

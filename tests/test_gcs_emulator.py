@@ -3,7 +3,7 @@
 The same code paths as on real GCS: etils.epath -> fsspec -> gcsfs for the
 small files and commit markers, orbax -> tensorstore's `gcs` driver for the
 items. What cannot be pointed at an emulator, and is therefore replaced
-inside these tests, is listed in `dipaco_jax/testing_gcs.py`: etils' TF
+inside these tests, is listed in `dipaco_jax/testing/gcs.py`: etils' TF
 (`tf.io.gfile`) backend and gcsfs's gRPC bucket-layout probe.
 
 Every setting (environment variables, fsspec configuration) is made inside
@@ -28,7 +28,7 @@ pytest.importorskip("gcsfs")
 from etils import epath
 from etils.epath import backend as epath_backend
 
-from dipaco_jax import testing_gcs
+from dipaco_jax.testing import gcs as testing_gcs
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
 # pylint: enable=g-import-not-at-top
@@ -88,7 +88,7 @@ def test_settings_are_scoped_to_the_block(emulator):
 
 
 def test_emulator_keeps_generations_and_preconditions(emulator):
-  """What `testing_gcs` adds to the emulator, and tensorstore's OCDBT
+  """What `dipaco_jax.testing.gcs` adds to the emulator, and tensorstore's OCDBT
   manifest updates need: a media read names the object's generation, and
   writes and reads honour generation preconditions."""
   name = f"dipaco-{uuid.uuid4().hex[:12]}"

@@ -157,14 +157,8 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
 
 
 @pytest.mark.parametrize("delay,tau,factor_bits", [
-    # Under --full: no delay with float32 factors (the int4 factors' case
-    # stays), one_round (it shares islands/delayed.py with overlap) and
-    # tau = 2.
-    pytest.param("none", 0, 0, marks=pytest.mark.full),
-    pytest.param("one_round", 0, 0, marks=pytest.mark.full),
-    ("overlap", 1, 0),
-    pytest.param("overlap", 2, 0, marks=pytest.mark.full),
-    ("none", 0, 4)])
+    ("none", 0, 0), ("one_round", 0, 0), ("overlap", 1, 0),
+    ("overlap", 2, 0), ("none", 0, 4)])
 def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
                                                       factor_bits):
   # DiLoCoX on islands (islands/delayed.py: one_round; overlap at tau = 1
@@ -204,7 +198,7 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
 
 # Delay none takes overlap's reads without the prefetch thread.
 @pytest.mark.parametrize("delay,tau", [
-    pytest.param("none", 0, marks=pytest.mark.full), ("overlap", 1)])
+    ("none", 0), ("overlap", 1)])
 def test_compressed_downloads_on_islands_equal_the_spmd_simulation(
     tmp_path, monkeypatch, delay, tau):
   # diloco.download_compression for real (islands/downloads.py): the
@@ -425,11 +419,9 @@ def _unit_bytes(run, kind, slot, expert, version, stage=None):
 
 
 # (The plain case, no delay and float32, is run with kills by
-# test_islands_processes.test_pipelined_units_survive_kills, under --full;
-# left out here for CI's time.)
+# test_islands_processes.test_pipelined_units_survive_kills.)
 @pytest.mark.parametrize("delay,compression", [
-    pytest.param("one_round", "int4", marks=pytest.mark.full),
-    ("overlap", "none")])
+    ("one_round", "int4"), ("overlap", "none")])
 def test_pipelined_islands_store_stages_and_equal_the_spmd_runtime(
     tmp_path, delay, compression):
   # 2 pipeline stages: every layer slot's module, outer state and

@@ -135,7 +135,6 @@ def test_kills_of_every_role_lose_nothing(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.full  # Kills: the test above; pipelined units: test_islands.
 def test_pipelined_units_survive_kills(tmp_path):
   # 2 pipeline stages per worker (2 fake devices each): each layer slot is
   # 2 units per module, dealt to the 2 executors; kills of a worker, an
@@ -159,13 +158,8 @@ def test_pipelined_units_survive_kills(tmp_path):
   assert not list(pathlib.Path(run, "contrib").glob("r*"))
 
 
-# One case by default: overlap replays the anchors as one_round does and
-# the plain state besides; the in-process replays (test_islands_replay.py)
-# cover each delay's rule.
 @pytest.mark.parametrize("delay,kill_after", [
-    pytest.param("none", 1, marks=pytest.mark.full),
-    pytest.param("one_round", 2, marks=pytest.mark.full),
-    ("overlap", 2)])
+    ("none", 1), ("one_round", 2), ("overlap", 2)])
 def test_a_killed_worker_replays_with_inner_state_every(tmp_path, delay,
                                                         kill_after):
   # AdamW states (one round late or overlapped, islands/delayed.py: with

@@ -197,8 +197,7 @@ def test_a_replay_advances_the_codec_carry(tmp_path):
 
 
 # overlap's replay after a real kill: test_islands_processes.py.
-@pytest.mark.parametrize("delay", [
-    "one_round", pytest.param("overlap", marks=pytest.mark.full)])
+@pytest.mark.parametrize("delay", ["one_round", "overlap"])
 def test_delayed_tasks_replay_and_end_with_the_same_bits(tmp_path, delay):
   # One round late or overlapped (islands/delayed.py): the anchor is part
   # of the state a replay rebuilds, from each replayed round's version

@@ -101,7 +101,7 @@ def test_four_stage_path_equals_the_plain_path():
 @pytest.mark.parametrize("layers,stages,micro,bubble", [
     (4, 2, 4, 1 / 9),  # M > S: microbatches wait M - S ticks between laps.
     # M = S: each goes round again at once.
-    pytest.param(8, 4, 4, 3 / 11, marks=pytest.mark.full),
+    (8, 4, 4, 3 / 11),
 ])
 def test_circular_schedule_equals_the_plain_path(layers, stages, micro,
                                                  bubble):

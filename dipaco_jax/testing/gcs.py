@@ -25,7 +25,7 @@ Two client defaults cannot reach an emulator and are switched off inside
 
 The emulator lacks two pieces of GCS that tensorstore's OCDBT manifest
 updates depend on, so it is started through this module
-(`python -m dipaco_jax.testing_gcs PORT`), which adds them before serving:
+(`python -m dipaco_jax.testing.gcs PORT`), which adds them before serving:
 
 * the `x-goog-generation` / `x-goog-metageneration` headers of a media read
   (tensorstore takes an object's generation from them; without them a
@@ -45,9 +45,9 @@ those, would overreach here), and every gRPC API.
 
 Usage:
 
-  with testing_gcs.running() as emulator:
+  with gcs.running() as emulator:
     emulator.create_bucket("b")
-    with testing_gcs.clients_pointed_at(emulator):
+    with gcs.clients_pointed_at(emulator):
       ...                    # gs://b/... lives in the emulator here
 """
 
@@ -263,7 +263,7 @@ def _restore_item(mapping: dict, key, value) -> None:
     mapping[key] = value
 
 
-# The emulator process (`python -m dipaco_jax.testing_gcs PORT`).
+# The emulator process (`python -m dipaco_jax.testing.gcs PORT`).
 
 
 def _object_generation(storage, bucket: str, name: str | None) -> int:
@@ -352,7 +352,7 @@ def _patch_emulator() -> None:
         found.add(handler)
   if found != set(replace):
     raise RuntimeError("gcp-storage-emulator's handlers changed; update "
-                       "dipaco_jax/testing_gcs.py (or its pinned version)")
+                       "dipaco_jax/testing/gcs.py (or its pinned version)")
   # `get` (alt=media) and the router's upload fallback call these by name.
   objects.download = replace[objects.download]
   objects.insert = replace[objects.insert]
