@@ -68,19 +68,19 @@ def base_config() -> ml_collections.ConfigDict:
 
   # --- Model (dipaco_jax.model) -----------------------------------------
   c.model = ml_collections.ConfigDict()
-  c.model.num_layers = 4
-  c.model.d_model = 128
-  c.model.num_heads = 4
-  c.model.head_dim = 32
+  c.model.num_layers = 4  # Transformer blocks.
+  c.model.d_model = 128  # Residual stream width.
+  c.model.num_heads = 4  # Attention heads.
+  c.model.head_dim = 32  # Width of each head.
   c.model.mlp_dim = 512  # Gated (SwiGLU) hidden width.
-  c.model.rope_base = 10_000.0
+  c.model.rope_base = 10_000.0  # RoPE wavelength base.
   c.model.dtype = "bfloat16"  # Compute dtype; parameters stay float32.
   c.model.attention = "auto"  # auto (cudnn on GPU, xla elsewhere)|xla|cudnn
   c.model.remat = "none"  # none | full | dots (save matmul outputs)
   c.model.scan_layers = True  # Stack each segment's layers on one axis.
   c.model.scan_unroll = 0  # Layers per scan iteration; 0 = fully unrolled
   #                          (fastest step), 1 = rolled (fastest compile).
-  c.model.init_std = 0.02
+  c.model.init_std = 0.02  # Std of the normal initializer.
   c.model.tie_embeddings = False  # One table for input embedding and head.
   # The training loss's logits in chunks of this many positions per row
   # (model/chunked_loss.py): no [B, L, V] float32 logits in memory, the
@@ -110,7 +110,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.routing.train_top_k = 2  # Overlapping shards: each doc to its top-k paths.
   c.routing.min_shard_fraction = 0.25  # Top up paths below this x mean.
   c.routing.router_fraction = 0.05  # Train docs held out for the router.
-  c.routing.kmeans_iters = 50
+  c.routing.kmeans_iters = 50  # Lloyd iterations of each k-means fit.
   c.routing.discriminative_steps = 0  # >0: discriminative phase, then these
   #                                    more inner steps on the new shards.
   c.routing.replica_shards = "iid"  # DiLoCo replicas: iid | kmeans
@@ -121,16 +121,18 @@ def base_config() -> ml_collections.ConfigDict:
   # With re-routing, also fit the learned window router on the router
   # documents (labels: each chunk's best path) and score its re-routing.
   c.eval.learned_reroute = True
-  c.eval.window_router_objective = "expected_nll"  # | best_path (paper)
+  # The learned window router's target: expected_nll (the excess NLL of the
+  # chosen path over the best one) | best_path (the paper's: each chunk
+  # labelled with its best path); routing/router.py.
+  c.eval.window_router_objective = "expected_nll"
   # Also write router/reroute_data_{router,validation}.npz: chunk features
   # and per-path chunk NLLs, for bench/window_router_study.py.
   c.eval.dump_reroute_data = False
   c.eval.early_stopping = False  # Keep each path's best snapshot (paper 2.7)
   c.eval.holdout_fraction = 0.05  # Training docs (whole files) held out.
   # Early stopping scores the paths after every N-th outer step (and the
-  # last): with short rounds scoring is a large share of each (BUILD_NOTES
-  # "Early stopping in the training loop"); a best is then picked among
-  # those steps only.
+  # last): with short rounds scoring is a large share of each (its cost:
+  # docs/performance.md); a best is then picked among those steps only.
   c.eval.early_stopping_every = 1
   # Paths scored together, sharded over this process's devices (paths over
   # one axis, windows over the rest; eval/sharded.py). 0 = gcd(paths,
@@ -147,20 +149,20 @@ def base_config() -> ml_collections.ConfigDict:
   # --- Inner optimizer: AdamW per worker ---------------------------------
   c.inner_opt = ml_collections.ConfigDict()
   c.inner_opt.name = "adamw"  # adamw | sgd (sgd: for equivalence tests)
-  c.inner_opt.learning_rate = 3e-3
-  c.inner_opt.warmup_steps = 20
+  c.inner_opt.learning_rate = 3e-3  # Peak, after warmup.
+  c.inner_opt.warmup_steps = 20  # Linear warmup from 0.
   c.inner_opt.final_lr_fraction = 0.1  # Cosine decays to this x peak.
-  c.inner_opt.b1 = 0.9
-  c.inner_opt.b2 = 0.95
-  c.inner_opt.weight_decay = 0.1
+  c.inner_opt.b1 = 0.9  # AdamW first-moment decay.
+  c.inner_opt.b2 = 0.95  # AdamW second-moment decay.
+  c.inner_opt.weight_decay = 0.1  # AdamW's, on matrices (not norm scales).
   c.inner_opt.grad_clip = 1.0  # Global norm per worker; 0 disables.
 
   # --- Outer optimizer (DiLoCo, per module) -----------------------------
   c.diloco = ml_collections.ConfigDict()
   c.diloco.inner_steps = 0  # H. 0 = never sync (plain dense training).
   c.diloco.outer_optimizer = "nesterov"  # nesterov | sgd | adam
-  c.diloco.outer_lr = 0.7
-  c.diloco.outer_momentum = 0.9
+  c.diloco.outer_lr = 0.7  # Outer learning rate on the averaged delta.
+  c.diloco.outer_momentum = 0.9  # Nesterov/SGD momentum, or Adam's b1.
   c.diloco.weight_by_shard_size = True  # Paper Eq. 2-3.
   c.diloco.rescale_by_sqrt_users = False  # Paper section 2.7 (multiply).
   # DiLoCoX communication (diloco/comm.py, compress.py). The defaults are
@@ -178,10 +180,10 @@ def base_config() -> ml_collections.ConfigDict:
   # lowrank: the adaptive rank's bounds, the share of its rank_max
   # approximation's energy kept, and its factors' bits (0 = float32; 8 or
   # 4 = int blocks, DiLoCoX's low rank + int4).
-  c.diloco.compression_rank_min = 1
-  c.diloco.compression_rank_max = 32
-  c.diloco.compression_energy = 0.9
-  c.diloco.compression_factor_bits = 0
+  c.diloco.compression_rank_min = 1  # lowrank: lowest rank.
+  c.diloco.compression_rank_max = 32  # lowrank: highest rank.
+  c.diloco.compression_energy = 0.9  # lowrank: energy share kept.
+  c.diloco.compression_factor_bits = 0  # lowrank: 0 | 8 | 4.
   c.diloco.compression_topk_fraction = 0.01  # topk: share of entries sent.
   # topk per chunk (indices inside it; SparseLoCo: 4096, 12-bit); 0 = one
   # top-k over the whole leaf, 32-bit indices.
@@ -203,10 +205,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.num_steps = 200  # Inner steps per worker.
   c.train.batch_size = 16  # Sequences per worker per step.
-  c.train.log_every = 10
+  c.train.log_every = 10  # Inner steps between progress lines.
   # Dispatches between one's dispatch and reading its metrics (loss, grad
   # norm) on the host; 1 reads each one's metrics while the next runs.
-  # Measured: 2 changes nothing for DiPaCo 2x2 on 4 H100s (BUILD_NOTES).
+  # Measured: 2 changes nothing for DiPaCo 2x2 on 4 H100s
+  # (docs/performance.md).
   c.train.metrics_lag = 1
   # Inner steps per jitted call (train/dispatch.py): > 1 pays the host's
   # work per call once per that many steps (small models on GPUs).
@@ -215,16 +218,17 @@ def base_config() -> ml_collections.ConfigDict:
   # stacked leaf for the dispatch's steps (train/merged_slots.py), so AdamW
   # launches one kernel per layer leaf instead of one per slot and leaf.
   # The same update up to the clipping norm's summation order. On one
-  # H100 at K = 10: DiPaCo 2x2 6.0% faster (BUILD_NOTES, issue 15). Off by
+  # H100 at K = 10: DiPaCo 2x2 6.0% faster (docs/performance.md). Off by
   # default only because K is 1 by default.
   c.train.merge_layer_slots = False
   # The gradient's dtype (train/state.py `_worker_step`): bfloat16 is meant
   # to halve the bytes of the data-parallel all-reduce, at the cost of the
   # forward pass seeing bf16-rounded parameters and the gradient's own
   # rounding. Measured: no faster (dense.py on 2 H100s, 1.10x against
-  # 1.09x in float32; BUILD_NOTES); on CPU XLA still reduces in float32.
+  # 1.09x in float32; docs/performance.md); on CPU XLA still reduces in
+  # float32.
   c.train.grad_dtype = "float32"
-  c.train.eval_batch_size = 32
+  c.train.eval_batch_size = 32  # Sequences per evaluation batch.
   # "START:COUNT": trace inner steps START .. START + COUNT - 1 (numbered
   # as the progress lines) with jax.profiler into the run's logs/profile
   # (island workers: the store's logs/profile/worker_ID); "" = off
@@ -241,7 +245,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.ckpt = ml_collections.ConfigDict()
   c.ckpt.every = 100  # Inner steps between saves (0 = only the last step).
   c.ckpt.keep = 2  # Checkpoints kept.
-  c.ckpt.async_save = True
+  c.ckpt.async_save = True  # Write checkpoints in the background.
 
   # --- Pipeline stages inside a worker (model/pipelined.py) --------------
   # Stage s holds the s-th n/S layers of every layer segment; only the inner
@@ -258,9 +262,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict()
   c.mesh.path = 0  # 0 = auto: gcd(workers, devices).
   c.mesh.stage = 0  # 0 = auto: pipeline.stages; 1: all stages everywhere.
-  c.mesh.data = -1
-  c.mesh.fsdp = 1
-  c.mesh.tensor = 1
+  c.mesh.data = -1  # Data parallelism; -1 = the devices left.
+  c.mesh.fsdp = 1  # Parameters and optimizer state sharded.
+  c.mesh.tensor = 1  # Tensor (Megatron-style) parallelism.
   c.sharding_rules = DEFAULT_SHARDING_RULES
   return c
 

@@ -1,0 +1,1 @@
+"""Tools that write files from the code (docs/configs.md)."""
