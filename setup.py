@@ -29,6 +29,9 @@ _EXTRAS = {
     # etils.epath reads and writes gs:// with.
     "test": ["pytest>=8", "pytest-xdist>=3.5",
              "gcp-storage-emulator==2026.7.19", "gcsfs>=2024.2"],
+    # The documentation site (mkdocs.yml; CI builds it with --strict).
+    "docs": ["mkdocs>=1.6", "mkdocstrings[python]>=0.26",
+             "mkdocs-material>=9.5"],
     "tpu": ["jax[tpu]"],
     "gcs": ["gcsfs"],
 }
