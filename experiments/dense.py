@@ -9,8 +9,8 @@ On a CPU, shrink it: --config.model.num_layers=2 --config.model.d_model=128
 
 The model matches a path of experiments/dipaco_4x4.py; experiments/diloco.py
 builds on this file with a smaller model and a larger batch.
-Expected result (H200, site-packages corpus capped at 150M characters, row 4
-of BUILD_NOTES.md "DiLoCo vs synchronous"): validation perplexity about 21;
+Expected result (H200, site-packages corpus capped at 150M characters,
+docs/quality.md "DiLoCo vs synchronous"): validation perplexity about 21;
 with --config.train.batch_size=64 about 6.9.
 """
 

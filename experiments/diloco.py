@@ -11,13 +11,13 @@ Commands (one H100/H200; the 8 replicas are vmapped on the one device):
 All three fork from the same dense base (500 steps, batch 32) and run 3000
 steps; `bash bench/diloco_runs.sh OUT` runs them sharing the data and base.
 
-Expected result (H200, the full site-packages corpus of BUILD_NOTES.md,
+Expected result (H200, the full site-packages corpus of docs/quality.md,
 116M training tokens): validation perplexity DiLoCo about 6.76, synchronous
 8x batch about 6.81, one replica about 10.15. The regime matters: DiLoCo
 matches or beats the 8x batch when each replica trains on several tokens per
 parameter (here 49M tokens for 8.4M parameters), as in the DiLoCo paper; on
 the ~33M model of dense.py with fewer tokens per parameter the 8x batch wins
-(BUILD_NOTES.md, "DiLoCo vs synchronous", has every run). Non-i.i.d.
+(docs/quality.md, "DiLoCo vs synchronous", has every run). Non-i.i.d.
 replica shards: --config.routing.replica_shards=kmeans.
 """
 

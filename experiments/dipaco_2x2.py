@@ -5,10 +5,10 @@ Command (one H100/H200):
       --workdir=/tmp/dipaco_2x2
 
 Same model, base and schedule as dipaco_4x4, with 2 experts per level.
-Expected result (H100, on the site-packages corpus of BUILD_NOTES.md):
+Expected result (H100, on the site-packages corpus of docs/quality.md):
 validation perplexity routed once about 39.3, re-routed every 64 tokens by
 the learned window router about 38.4, dense baseline about 44.8;
-BUILD_NOTES.md ("DiPaCo vs dense") has the table.
+docs/quality.md ("DiPaCo vs dense") has the table.
 """
 
 from dipaco_jax import config_base

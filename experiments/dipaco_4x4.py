@@ -9,13 +9,13 @@ Stages: dense base (300 steps) -> prefix features -> product k-means (4 x 4)
 evaluation against the dense baseline continued for the same 500 steps
 (re-routing every 64 tokens with a window router fit on held-out router
 documents).
-Expected result (H100, on the site-packages corpus of BUILD_NOTES.md):
+Expected result (H100, on the site-packages corpus of docs/quality.md):
 validation perplexity routed once about 35.4, re-routed every 64 tokens by
 the learned window router about 33.9, dense baseline about 44.8; with
 `--config.eval.dense_scales=2,4 --config.eval.dense_same_flops=True`, dense
 models of 2x and 4x a path's size about 41.8 and 42.1, and one path's size at
 DiPaCo's training FLOPs about 8.6 (DiPaCo wins at equal steps, loses by
-far at equal FLOPs); BUILD_NOTES.md ("DiPaCo vs dense") has the tables.
+far at equal FLOPs); docs/quality.md ("DiPaCo vs dense") has the tables.
 """
 
 from dipaco_jax import config_base

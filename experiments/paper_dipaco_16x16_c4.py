@@ -2,7 +2,7 @@ r"""The DiPaCo paper's 16x16 setup on C4 (256 paths of ~150M), for TPU pods.
 
 Command (on every host of a pod slice, e.g. through launch/tpu_vm.sh; C4
 prepared with TFDS, README.md "C4 and Cloud TPU"; multi-host is tested on
-CPU processes only, BUILD_NOTES.md):
+CPU processes only):
   python -m dipaco_jax.main --config=experiments/paper_dipaco_16x16_c4.py \
       --workdir=gs://BUCKET/dipaco_16x16 --distributed
 

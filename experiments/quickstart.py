@@ -16,10 +16,10 @@ DiPaCo routed once per document 58.5 perplexity against 54.9 for the
 dense baseline on the same 52k tokens; the learned window router keeps
 each document's path (cross-validation on the router documents does not
 show a clear gain). At this size DiPaCo does NOT reliably beat the dense
-baseline: before the router documents were drawn by file (issue 8) the
+baseline: before the router documents were drawn by file the
 same command gave 53.3 against 54.2; the shards of 4 paths over ~1,000
 small documents move a lot with the routing. The GPU runs in
-BUILD_NOTES.md show DiPaCo's gap at a size where it holds. Re-running the
+docs/quality.md show DiPaCo's gap at a size where it holds. Re-running the
 command reuses every finished stage.
 """
 

@@ -5,7 +5,7 @@ Command (runs every point one after another, one workdir each):
       --workdir=/tmp/sweep_outer_lr [-- extra --config.* overrides]
 
 `get_config()` is the base experiment; `get_sweep()` lists the overrides of
-each point. Expected result: see BUILD_NOTES.md ("DiLoCo vs synchronous").
+each point. Expected result: see docs/quality.md ("DiLoCo vs synchronous").
 """
 
 from dipaco_jax import config_base

@@ -75,8 +75,8 @@ def orthonormalize(a_MxR):
   Not jnp.linalg.qr: the CPU's LAPACK QR of a batch of these matrices
   (one per worker, under vmap) splits its batch over the intra-op thread
   pool and waits for it from inside that pool; two of them at once on a
-  2-core machine deadlock the whole program (jaxlib 0.10.2, BUILD_NOTES
-  "A hang"). These are plain matmuls on every backend.
+  2-core machine deadlock the whole program (jaxlib 0.10.2). These are
+  plain matmuls on every backend.
   """
   r = a_MxR.shape[1]
   def add_column(j, q_MxR):
@@ -107,7 +107,7 @@ def eigh_one_at_a_time(gram_RxR):
   thread pool and wait for the pieces from inside that pool (jaxlib 0.11.1
   compiled this path out of its open-source builds). Several batched eigh
   calls at once (one per leaf) then deadlock a 2-core machine, as batched
-  QR did (BUILD_NOTES "A hang"): measured here with 6 batched eighs of
+  QR did: measured here with 6 batched eighs of
   8 x 100 x 100 and of 8 x 200 x 200; the same through `lax.map` finished.
   The matrices are [R, R] with R = rank_max: a sequence costs little
   (one outer step's encode on a 2-core CPU: 5% faster at R = 64, 13-15%

@@ -27,8 +27,8 @@ does not name yet may be one the writer has just committed.
 
 The decisions are taken at once (every process takes the same ones), but
 the writing runs on a background thread: saving every improving path
-synchronously held the training loop for seconds each round (BUILD_NOTES.md,
-"Early stopping in the training loop"). Training never waits for it; when
+synchronously held the training loop for seconds each round (the cost of
+early stopping: docs/performance.md). Training never waits for it; when
 outer steps come faster than the disk takes their snapshots, a best
 replaced before it was written is skipped, so what waits in device memory
 is at most the modules the current bests name. `flush` waits for all of

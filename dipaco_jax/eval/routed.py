@@ -175,7 +175,7 @@ def window_router_features(chunks: Chunks, doc_paths_N, num_paths: int,
   document router was fit on the router documents themselves, so on them
   the prefix path is an in-sample guess, better than it is on new text; and
   5-fold cross-validation on the router documents preferred the inputs
-  without it (bench/window_router_study.py, BUILD_NOTES.md).
+  without it (bench/window_router_study.py, docs/quality.md).
   """
   feats = chunks.features(context)
   if not prefix_path:

@@ -5,7 +5,7 @@ Autodiff of `optax.softmax_cross_entropy_with_integer_labels` on float32
 logits made from bfloat16 ones costs, at the paper's path shape, separate
 passes over the [16384, 32000] float32 cotangent: a multiply (1.07 ms on an
 H100), a conversion to bfloat16 for the head's matmul (1.02 ms) and a
-reduction (BUILD_NOTES "The inner step at the path shape"). Here the
+reduction (docs/performance.md, the inner step). Here the
 backward is written out: the cotangent of the logits is
 
   g (softmax(z) - onehot(target)) = g (exp(z - logsumexp(z)) - onehot)
@@ -15,7 +15,7 @@ backward, where autodiff kept their float32 copy) and the per-token
 logsumexp (float32, [N]), emitted in the logits' dtype: one read and one
 write of the logits' size. Measured on an H100 it took the loss's part of
 the step from 6.9 to 5.5 ms, but the step as a whole did not get faster
-(BUILD_NOTES). The forward is optax's formula in float32. Numerics: the
+(docs/performance.md). The forward is optax's formula in float32. Numerics: the
 loss is the same float32 math up to the order of operations (1e-6
 relative); the gradient is rounded to the compute dtype at the same point as before (the
 head's matmul takes it in that dtype either way), so in bfloat16 it may

@@ -186,8 +186,8 @@ class GatedMlp(nn.Module):
     # A split, not two indexings: the backward pass then concatenates the
     # two halves' cotangents (fusable into the SwiGLU backward) instead of
     # padding each to [B, L, 2, F] and adding them, a separate pass over
-    # HBM per layer (0.27 ms at the path shape on an H100, BUILD_NOTES
-    # "The inner step at the path shape"). The same numbers.
+    # HBM per layer (0.27 ms at the path shape on an H100,
+    # docs/performance.md). The same numbers.
     gate_BxLx1xF, up_BxLx1xF = jnp.split(h_BxLx2xF, 2, axis=2)
     h_BxLxF = nn.silu(gate_BxLx1xF[:, :, 0]) * up_BxLx1xF[:, :, 0]
     w_FxD = self.param(

@@ -308,7 +308,7 @@ def circular(stage_fn, segment_params, x_BxLxD, schedule: Schedule,
   # Each tick's stage is rematerialized as a whole, at `policy`: what the
   # backward pass keeps of a tick must not include the slice of the lap's
   # segment, a copy per tick (G M + S - 1 copies of a stage's share of a
-  # segment: 124 GiB a GPU for the 3.8B model of BUILD_NOTES), while the
+  # segment: 124 GiB a GPU for the 3.8B model of docs/pipeline.md), while the
   # stacked parameters themselves are the scan's constants, kept once. A
   # policy that keeps all but that slice does not work: the blocks' scan
   # turns it into per-layer copies, which no name reaches.

@@ -80,7 +80,7 @@ class LayerStack(nn.Module):
     if self.dims.scan_layers:
       # Parameters stay stacked on a leading `layers` axis either way;
       # unrolling the loop lets XLA schedule across layers (measured faster
-      # on H200, BUILD_NOTES.md), a rolled loop compiles faster.
+      # on H200, docs/performance.md), a rolled loop compiles faster.
       unroll = self.dims.scan_unroll or self.num_layers
       stack = nn.scan(block, variable_axes={"params": 0},
                       split_rngs={"params": True}, length=self.num_layers,

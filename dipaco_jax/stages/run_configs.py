@@ -51,7 +51,7 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
   defaults = config_base.base_config().diloco
   keep["diloco"] = {k: v for k, v in keep["diloco"].items()
                     if k not in _COMM_FIELDS or v != defaults[k]}
-  # So do the speed options (issue 12), which change the numbers a little
+  # So do the speed options (loss_chunk, fp8), which change the numbers a little
   # (rounding with chunks, FP8's precision).
   model_defaults = config_base.base_config().model
   keep["model"] = {k: v for k, v in keep["model"].items()

@@ -59,7 +59,7 @@ def _checkpointer(collective: bool) -> ocp.Checkpointer:
         primary_host=me, active_processes={me},
         barrier_sync_key_prefix=f"store_p{me}")
   # Without OCDBT: one small key is written more than twice as fast as
-  # through OCDBT's database (measured, BUILD_NOTES "store throughput");
+  # through OCDBT's database (measured: docs/islands.md, the store);
   # OCDBT pays off for checkpoints of many arrays, not for one module.
   # Without zstd: float32 parameters and contributions shrink by ~7% under
   # it, for several times the CPU time of the write and the read (measured,
@@ -79,8 +79,8 @@ _NO_ZSTD = ({"use_compression": False} if "use_compression" in
 # Arrays are written in chunks of at most this many bytes, one file (or
 # object) each: tensorstore reads and writes the chunks of an array in
 # parallel, where one file per array is copied by one thread (reads went
-# from 0.55 to 1.48 of dd's page-cache read on an H100 host; BUILD_NOTES
-# "Store throughput against the disk"). Small arrays stay one chunk.
+# from 0.55 to 1.48 of dd's page-cache read on an H100 host;
+# docs/islands.md, the store). Small arrays stay one chunk.
 CHUNK_BYTES = 8 << 20
 
 

@@ -94,7 +94,7 @@ class Checkpointer:
     # items' are made by two unordered threads (the items' with their
     # parents), and the step's thread deletes a directory it finds already
     # there: a two-process CI run failed on that race (FileExistsError on
-    # an item's directory, orbax 0.12.8; BUILD_NOTES "CI").
+    # an item's directory, orbax 0.12.8).
     async_options = (ocp.AsyncOptions(
         post_finalization_callback=self._on_finalized,
         create_directories_asynchronously=False)
@@ -132,7 +132,7 @@ class Checkpointer:
       self._write_checksums(step, digests)
     # In a single process orbax saves that same host copy: the state goes
     # to the host once per save, not twice (each copy held the training
-    # loop, BUILD_NOTES "Scaling"). Several processes save their own
+    # loop: docs/performance.md). Several processes save their own
     # shards of the device arrays (the host copy is gathered, whole).
     source = host if jax.process_count() == 1 else state
     items = {name: ocp.args.StandardSave(source[name])

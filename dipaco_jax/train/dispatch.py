@@ -4,7 +4,7 @@ A small model's inner step takes a few milliseconds on a GPU, and the host's
 work per step (the batch onto the devices, the dispatch, reading the
 metrics) can take longer: then the devices wait. On 4 H100s DiPaCo 2x2's
 step needs 4.26 ms of device time and the loop took 9.65 ms a step
-(BUILD_NOTES, "Scaling over GPUs of one host"). With K steps per dispatch
+(docs/performance.md, scaling over GPUs). With K steps per dispatch
 one jitted call runs K inner steps (`Runtime.inner_k_steps`, a scan over
 [K, W, B, L+1] batches), so the host's fixed work is paid once per K steps.
 

@@ -6,7 +6,7 @@ layer parameter as one stacked leaf per slot, so AdamW, which runs per
 leaf, launches one update kernel per slot and leaf: on an H100 the
 compiled update of two slots is 64 kernels against one slot's 18
 (`bench/hlo_kernels.py`; the models' kernels are the same), and the
-two-slot step 4.1% slower (BUILD_NOTES, issue 15). Inside
+two-slot step 4.1% slower (docs/performance.md). Inside
 `Runtime.inner_k_steps` this module concatenates the layer slots' leaves
 along the layer axis, once per dispatch, for the parameters and every
 parameter-shaped part of the optimizer state; the K steps update the

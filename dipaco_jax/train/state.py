@@ -262,8 +262,8 @@ class Runtime:
       # from the matmuls on, so the all-reduce over the data axes (which
       # XLA places where the batch's partial sums meet) can move half the
       # bytes (on CPU XLA still reduces float32 partial sums; on 2 H100s
-      # it made the dense step no faster, BUILD_NOTES); AdamW gets it back
-      # in float32.
+      # it made the dense step no faster, docs/performance.md); AdamW gets
+      # it back in float32.
       lowp = jax.tree.map(lambda p: p.astype(grad_dtype), params)
       loss, grads = jax.value_and_grad(loss_fn)(lowp, batch_BxLp1)
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
