@@ -1,4 +1,4 @@
-"""The chunked loss (`config.model.loss_chunk`, issue 12) equals the plain
+"""The chunked loss (`config.model.loss_chunk`) equals the plain
 one: loss and gradient, tied and untied heads, a padded vocabulary, chunks
 that do and do not divide the sequence; 0 is the plain code path bit for
 bit; inner steps of the runtime agree.
@@ -87,7 +87,7 @@ def test_chunked_equals_plain_in_bfloat16(tie, chunk):
     assert error < (1e-2 if leaf == head else 1e-6), leaf
 
 
-def _pre_issue_12_loss(model, params, batch):
+def _loss_before_chunking(model, params, batch):
   """The loss as written before the option existed (head inlined)."""
   d = model.dims
   inputs, targets = batch[:, :-1], batch[:, 1:]
@@ -112,7 +112,7 @@ def test_zero_is_the_plain_loss_bit_for_bit(tie):
   model, params, batch = _model(tie, "bfloat16")
   loss, grads = _loss_and_grad(tie, "bfloat16", 0)
   ref_loss, ref_grads = jax.jit(jax.value_and_grad(
-      lambda p: _pre_issue_12_loss(model, p, batch)))(params)
+      lambda p: _loss_before_chunking(model, p, batch)))(params)
   np.testing.assert_array_equal(loss, ref_loss)
   for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
     np.testing.assert_array_equal(g, r)

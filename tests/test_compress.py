@@ -224,8 +224,8 @@ def test_lowrank_of_a_rank_1_matrix_sends_exact_zero_columns():
 
 
 def test_lowrank_compiles_without_lapack_qr():
-  # Batched LAPACK QR deadlocked whole runs on a 2-core CPU (BUILD_NOTES
-  # "A hang"): the workers' vmapped power step must not call it.
+  # Batched LAPACK QR deadlocked whole runs on a 2-core CPU (jaxlib
+  # 0.10.2): the workers' vmapped power step must not call it.
   codec = _codec("lowrank", rank_max=4, energy=1.0)
   x_WxMxN = jnp.ones((2, 12, 9))
   state = jax.vmap(codec.init_state)(x_WxMxN)

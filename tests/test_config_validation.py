@@ -38,7 +38,7 @@ def _untyped(config):
 
 
 @pytest.mark.parametrize("field,value,match", [
-    # The rows of issue 9, measured to run, crash late or delete checkpoints.
+    # Values once measured to run, crash late or delete checkpoints.
     ("inner_opt.learning_rate", -1.0, r"must be > 0 \(got -1.0\)"),
     ("ckpt.keep", 0, r"must be >= 1 \(got 0\); keep=0 would delete every "
      "checkpoint, the final one included"),

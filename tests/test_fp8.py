@@ -1,4 +1,4 @@
-"""The FP8 option (`config.model.fp8`, issue 12): refused where the devices
+"""The FP8 option (`config.model.fp8`): refused where the devices
 have no FP8 (these CPU tests), and its matmul, run through XLA's float8
 emulation on CPU, is close to the bfloat16 one.
 

@@ -1,4 +1,4 @@
-"""Export and generation (issue 14) on a tiny hand-made workdir.
+"""Export and generation on a tiny hand-made workdir.
 
 The workdir holds what the main job leaves (config.json, the tokenizer,
 finished checkpoints of the base, DiPaCo and dense runs, the routers, the

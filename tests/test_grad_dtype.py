@@ -1,4 +1,4 @@
-"""`config.train.grad_dtype` (issue 12's lever for data-parallel steps):
+"""`config.train.grad_dtype` (a lever for data-parallel steps):
 bfloat16 gradients train like float32 ones, AdamW still keeps float32
 state, float32 is today's step, and the field enters a run's hash only when
 set.

@@ -1,5 +1,5 @@
 """bench/hlo_kernels.py: the compiled step's kernels counted by scope, and
-what it showed of issue 15's two-slot layout."""
+what it showed of the two-slot layout (docs/performance.md)."""
 
 import importlib.util
 import os
@@ -39,7 +39,7 @@ def test_two_layer_slots_add_optimizer_kernels():
   # A path cut into two slots of layers (a DiPaCo 2x2 path) holds twice the
   # stacked layer leaves of one slot: the AdamW update runs per leaf, so
   # its kernels grow, while the model's barely change (XLA:CPU here;
-  # BUILD_NOTES issue 15 has the GPU question this answers in part).
+  # docs/performance.md has the GPU question this answers in part).
   counts = {}
   for shape in ("1", "1x1"):
     config = testing.tiny_config(shape, replicas=1, inner_steps=0)
