@@ -4,11 +4,11 @@ r"""The GPUs' all-reduce bandwidth as XLA lowers a data-parallel gradient sum.
 
 For each device count n and size S, an [n, S] float32 (and bfloat16) array
 sharded one row per device is summed over its rows into a replicated
-array, the collective a data-parallel step runs on its gradients (issue
-12: how much of the dense config's 2-GPU step its 128 MiB gradient sum
-can explain; BUILD_NOTES has the answer). Reports the time per sum and the bus
-bandwidth in NCCL's convention, busbw = S / t x 2 (n - 1) / n, which is
-comparable across n and with the link's datasheet figure.
+array, the collective a data-parallel step runs on its gradients (how
+much of the dense config's 2-GPU step its 128 MiB gradient sum can
+explain; docs/performance.md has the answer). Reports the time per sum
+and the bus bandwidth in NCCL's convention, busbw = S / t x 2 (n - 1) / n,
+which is comparable across n and with the link's datasheet figure.
 """
 
 import argparse

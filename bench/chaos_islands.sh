@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The island runtime under failures, on this machine's CPU (issue 10).
+# The island runtime under failures, on this machine's CPU
+# (docs/reliability.md).
 #
 #   [EXTRA="--config.diloco.delay=one_round"] bash bench/chaos_islands.sh \
 #       [WORK=/tmp/chaos_islands]

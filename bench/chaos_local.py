@@ -1,4 +1,4 @@
-r"""Chaos cases of issue 9 ("Reliability") on a small local quickstart.
+r"""Chaos cases (docs/reliability.md) on a small local quickstart.
 
 Called by bench/chaos_local.sh (its header: usage, runtime). Runs every
 case below one process at a time, bounds every wait with a timeout, kills
@@ -726,7 +726,7 @@ def main():
   total = time.time() - _T0
   fails = sum(r[3] == "FAIL" for r in c.rows)
   header = (
-      f"chaos_local (issue 9): {len(c.rows)} cases, {fails} FAIL, "
+      f"chaos_local: {len(c.rows)} cases, {fails} FAIL, "
       f"{total / 60:.1f} min on {os.cpu_count()} cores; seed {c.seed}; "
       f"run: experiments/quickstart.py {' '.join(SMALL)} "
       f"--config.data.text_glob=CORPUS/*.py; 'equal' = results.json models "

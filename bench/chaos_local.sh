@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chaos tests of issue 9 ("Reliability") on a small local quickstart: kills,
+# Chaos tests (docs/reliability.md) on a small local quickstart: kills,
 # damaged checkpoints, an edited corpus, a second job in the same workdir,
 # bad values, divergence, reruns. Prints one row per case,
 #   | case | expected | observed | verdict (PASS/FAIL) |

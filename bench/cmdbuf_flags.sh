@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Do wider XLA:GPU command buffers (CUDA graphs) help the small-kernel steps
-# of issue 12's scaling table? `train.steps_per_dispatch=K` runs K inner
-# steps as one jitted scan; by default XLA records fusions, GEMMs and
-# custom calls into command buffers but launches the scan's while loop and
-# every collective from the host, splitting each step into several graphs.
+# of the scaling table (docs/performance.md)? `train.steps_per_dispatch=K`
+# runs K inner steps as one jitted scan; by default XLA records fusions,
+# GEMMs and custom calls into command buffers but launches the scan's while
+# loop and every collective from the host, splitting each step into several
+# graphs.
 #   [FLAGSETS="base while coll while_coll"] [STEPS=400] [K=8] \
 #     bash bench/cmdbuf_flags.sh OUT
 # Needs 4 GPUs. For each flag set (in its own processes, XLA_FLAGS set):

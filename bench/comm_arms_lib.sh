@@ -40,8 +40,8 @@ setup_arms() {  # log name, config, default MAX_CHARS, then more flags
 # What the arms' results depend on: the package's code, the script's and
 # this file's commands (comments aside) and the shared flags. WORK_DIR and
 # every arms.tgz carry it as .stamp. A WORK_DIR stamped otherwise, or
-# holding anything without a stamp (a device's /tmp can outlive a session:
-# BUILD_NOTES), is moved aside whole, so that no arm resumes or keeps
+# holding anything without a stamp (a device's /tmp can outlive the job
+# that wrote it), is moved aside whole, so that no arm resumes or keeps
 # results of other code.
 keep_only_this_code() {
   local script="$0"  # as invoked, or by its name where a `cd` moved us
@@ -101,8 +101,8 @@ share() {  # reuse the data and the dense base of run $1 in run $2
 # on another machine), $work/_stages, built once
 # by a 1-step run (H = 1) of the same config and flags: the same data (tokenized
 # on the CPU, exactly), and a base of the same seed and schedule, equal up
-# to the GPU's non-determinism (BUILD_NOTES: about 0.5% of perplexity
-# between two runs of one command).
+# to the GPU's non-determinism (about 0.5% of perplexity between two runs
+# of one command).
 stages_of() {
   if [[ "$1" == _stages ]]; then build_stages >&2; echo _stages; return; fi
   if [[ -e "$work/$1/runs/base" || ! -f "$arms/$1.json" ]]; then

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Issue 11's DiPaCo arm: DiPaCo 2x2 (experiments/dipaco_2x2.py, H = 50)
+# DiLoCoX on DiPaCo: DiPaCo 2x2 (experiments/dipaco_2x2.py, H = 50)
 # with DiLoCoX's delay and compression against plain DiPaCo 2x2, all arms
 # from one tokenized corpus, one base, one router and one set of shards:
 #   dipaco_2x2              plain (outer Nesterov 0.7 / 0.9, float32)
 #   int4_ef                 int4 + error feedback (7.8x fewer bytes)
 #   one_round_lr1           one round late, outer lr 1.0 (momentum 0.9)
 #   one_round_lr1_int4_ef   the combined arm: the two above together
-# Second round (NAMES="overlap_tau5 overlap_tau5_int4_ef", fixed in
-# session 14 from the DiLoCo x8 table, where tau = 5 cost 1.3%):
+# The overlap delay (2026-11-27; NAMES="overlap_tau5 overlap_tau5_int4_ef",
+# fixed from the DiLoCo x8 table, where tau = 5 cost 1.3%):
 #   overlap_tau5            delay=overlap, the outer step 5 of H = 50
 #                           inner steps late (outer Nesterov 0.7 / 0.9)
 #   overlap_tau5_int4_ef    the same with int4 + error feedback
-# Third round (session 20, NAMES="int4_ef_down_int4"):
+# Compressed downloads (2026-11-28; NAMES="int4_ef_down_int4"):
 #   int4_ef_down_int4       int4 + error feedback, and what the workers
 #                           read back as int4 too (download_compression)
-# The settings are the best of the DiLoCo x8 table (BUILD_NOTES.md, issue
-# 11), fixed before any DiPaCo run, not chosen on DiPaCo's validation.
+# The settings are the best of the DiLoCo x8 table (docs/communication.md),
+# fixed before any DiPaCo run, not chosen on DiPaCo's validation.
 # Usage: [STEPS=500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [EXTRA="more main.py flags"] \
 #        bash bench/comm_dipaco.sh OUT_DIR [WORK_DIR]

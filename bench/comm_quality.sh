@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DiLoCoX communication arms on experiments/diloco.py (DiLoCo x8, H = 50),
-# all from one dense base and one tokenized corpus (issue 11, "Quality"):
+# all from one dense base and one tokenized corpus (docs/communication.md):
 #   diloco_x8     plain DiLoCo (float32 contributions, no delay)
 #   one_round     DiLoCoX's one-round-late outer step, outer lr 1.0
 #   eager         the eager-updates correction of the delay, outer lr 0.35
@@ -10,7 +10,7 @@
 #   lowrank_int4_ef  low rank 20 with int4 factors (DiLoCoX's low rank +
 #                 int4) + error feedback decayed by 0.9 a round (SparseLoCo's
 #                 accumulator: bounded, where plain feedback let the float
-#                 low rank diverge in session 14): 118x fewer bytes
+#                 low rank diverge, 2026-11-27): 118x fewer bytes
 #   topk_ef       chunked top-k, 64 of every 4096 entries, 2-bit values +
 #                 error feedback (SparseLoCo's layout)
 #   overlap_tau5          the outer step 5 of H = 50 inner steps late
@@ -19,8 +19,8 @@
 # float32 on this model: ~205 / rank for its 256 x 1024 matrices, 136.5x
 # for the top-k; rank 20 in int4 is the lowest residual at >= 100x of
 # bench/contribution_fidelity.py on the training run's own contributions,
-# BUILD_NOTES. The outer lrs of one_round and eager are the best of the
-# 1500-step sweeps in BUILD_NOTES, chosen on our validation split of the
+# docs/communication.md. The outer lrs of one_round and eager are the best
+# of its 1500-step sweeps, chosen on our validation split of the
 # training corpus; the overlap arms were fixed from the same sweeps.)
 #   one_round_best  one_round + the compressor chosen below
 # The combined arm's compressor is chosen WITHOUT validation data: among the
@@ -35,7 +35,7 @@
 # LANES arms train at once on the one GPU (small models leave it idle
 # between kernels); with GPUS=0,1,2,3 they spread over those GPUs instead
 # (bench/comm_arms_lib.sh), e.g. LANES=10 for all ten at once on 4 GPUs. Expected:
-# ~25 min on one H100 for the seven arms of session 11 (11 arms now); about 8 min with
+# ~25 min on one H100 for seven arms (11 arms now); about 8 min with
 # STEPS=1500 MAX_CHARS=200000000. Longer than a device call allows: run
 # the same command again on the same machine (under `timeout`), and it
 # goes on where the last call stopped; on a fresh machine, add

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The second round of DiLoCoX arms (issue 11), after bench/comm_quality.sh
+# DiLoCoX arms beyond bench/comm_quality.sh's (2026-11-27), after it
 # showed that the outer Nesterov of plain DiLoCo (lr 0.7, momentum 0.9)
 # costs the delayed arms 18.6% and more, and that top-k and low rank under
 # it do not train. On experiments/diloco.py (DiLoCo x8, H = 50), all arms
 # from one dense base and one tokenized corpus:
-#   diloco_x8             plain DiLoCo, rerun in the same call (the baseline)
+#   diloco_x8             plain DiLoCo, rerun in the same job (the baseline)
 #   one_round_avg         one_round, outer SGD lr 1, no momentum (averaging)
 #   one_round_m06         one_round, outer Nesterov lr 0.7, momentum 0.6
 #   one_round_lr05        one_round, outer Nesterov lr 0.5, momentum 0.8
@@ -16,9 +16,10 @@
 #                         under the default outer Nesterov
 #   one_round_sparseloco  sparseloco one round late (the combined arm, fixed
 #                         in advance, not chosen)
-# The third round (NAMES="one_round_lr1 one_round_m095 topk16_ef
-# one_round_lr1_topk16_ef"; settings fixed before the call from the second
-# round's trend, not chosen on validation):
+# one_round's outer lr and momentum, a denser top-k (2026-11-27;
+# NAMES="one_round_lr1 one_round_m095 topk16_ef one_round_lr1_topk16_ef";
+# settings fixed before the run from the arms above, not chosen on
+# validation):
 #   one_round_lr1         one_round, outer Nesterov lr 1.0, momentum 0.9
 #   one_round_m095        one_round, outer Nesterov lr 0.7, momentum 0.95
 #   topk16_ef             chunked top-k at 4x topkc_ef's density (256 of
@@ -26,16 +27,17 @@
 #                         feedback, default outer Nesterov: where between
 #                         int4 (7.8x, free) and 136x the cost starts
 #   one_round_lr1_topk16_ef  the two together
-# The fourth round (NAMES="one_round_lr14 one_round_lr2 one_round_lr14_m08
-# one_round_lr1_int4_ef"; fixed from the third round's trend: a larger
-# outer lr helped the delay, more momentum did not):
+# Larger outer lrs for one_round (2026-11-27; NAMES="one_round_lr14
+# one_round_lr2 one_round_lr14_m08 one_round_lr1_int4_ef"; fixed from the
+# trend of the arms above: a larger outer lr helped the delay, more
+# momentum did not):
 #   one_round_lr14        one_round, outer Nesterov lr 1.4, momentum 0.9
 #   one_round_lr2         one_round, outer Nesterov lr 2.0, momentum 0.9
 #   one_round_lr14_m08    one_round, outer Nesterov lr 1.4, momentum 0.8
 #   one_round_lr1_int4_ef one_round at lr 1.0 with int4 + error feedback
 #                         (the compressor that cost nothing, 7.8x)
-# The fifth round (NAMES="lookahead lookahead_int4_ef lookahead_topk16_ef
-# lookahead_lr1"; the `lookahead` delay, built after the fourth round, at
+# The lookahead delay (2026-11-27; NAMES="lookahead lookahead_int4_ef
+# lookahead_topk16_ef lookahead_lr1"; built after the larger outer lrs, at
 # the default outer Nesterov 0.7 / 0.9 unless named):
 #   lookahead             one round late, each worker starting from its own
 #                         prediction of the next global modules
@@ -43,15 +45,15 @@
 #   lookahead_topk16_ef   the same with chunked top-k 256/4096 + error
 #                         feedback (36x)
 #   lookahead_lr1         lookahead at outer lr 1.0
-# The sixth round (NAMES="overlap_tau5 overlap_tau10 overlap_tau25
-# overlap_tau5_int4_ef"; `delay=overlap`, built in session 13: round r's
+# The overlap delay (2026-11-27; NAMES="overlap_tau5 overlap_tau10
+# overlap_tau25 overlap_tau5_int4_ef"; `delay=overlap`: round r's
 # outer step lands tau of H = 50 inner steps after round r ends, at the
 # default outer Nesterov 0.7 / 0.9; tau = 50 would be one_round):
 #   overlap_tau5          tau = 5 (a transfer hidden behind 10% of a round)
 #   overlap_tau10         tau = 10
 #   overlap_tau25         tau = 25
 #   overlap_tau5_int4_ef  tau = 5 with int4 + error feedback (7.8x)
-# The seventh round (session 18; MODEL="--config.model.num_layers=8
+# A 42M model (2026-11-28; MODEL="--config.model.num_layers=8
 # --config.model.d_model=512 --config.model.num_heads=8
 # --config.model.mlp_dim=2048" MAX_CHARS=400000000, NAMES="topkc_ef
 # topk16_ef one_round_lr1"): the same arms on a 42M model (the shape of
@@ -61,15 +63,15 @@
 #                         and error feedback decayed by 0.9 (118x fewer)
 #   one_round_lr1_topkc_ef  one_round at outer lr 1.0 with topkc_ef's
 #                         compressor (comm_quality.sh's combined arm)
-# The eighth round (session 20; STEPS=3000, NAMES="int4_ef
-# int4_ef_down_int4 int4_ef_down_e3m0"; `diloco.download_compression`,
-# built in session 20: what workers read back compressed too, fixed before
-# the call from the upload codecs that cost nothing):
+# Compressed downloads (2026-11-28; STEPS=3000, NAMES="int4_ef
+# int4_ef_down_int4 int4_ef_down_e3m0"; `diloco.download_compression`:
+# what workers read back compressed too, fixed before the run from the
+# upload codecs that cost nothing):
 #   int4_ef               int4 + error feedback (comm_quality.sh's arm)
 #   int4_ef_down_int4     the same, and each module's change read back in
 #                         int4 (7.8x fewer bytes both ways)
 #   int4_ef_down_e3m0     the same with the change read back in e3m0
-#   overlap_tau5_int4_ef_down_int4  (built after that call, not run)
+#   overlap_tau5_int4_ef_down_int4  (built after that run, not run)
 #                         overlap at tau = 5 with int4 both ways
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Does one GPU train slower while the machine's other GPUs train too?
-# (Issue 15: an island worker's rounds ran 4.4% slower than the SPMD run of
-# the same model on one GPU, with all four GPUs busy in the island run and
-# one in the SPMD run.) The same single-GPU training loop
+# (On 4 x H100, 2026-11-27, an island worker's rounds ran 4.4% slower
+# than the SPMD run of the same model on one GPU, with all four GPUs busy
+# in the island run and one in the SPMD run.) The same single-GPU training loop
 # (bench/scaling.py, random batches, no store, no other process) on GPU 0
 # alone, then N copies at once on GPUs 0 .. N-1, one process each.
 #   [N=4] [CONFIG=experiments/dense.py] [STEPS=600] bash bench/concurrent_gpus.sh OUT

@@ -31,11 +31,11 @@ measured rounds:
               variance, as a norm ratio); only structure (heavy tails,
               low rank) lets a codec beat it
 
-Issue 11 asks for 100x fewer bytes within 2% of the uncompressed
-perplexity; this says, before any quality run, how much of the signal a
-codec keeps at a given ratio on this model (BUILD_NOTES "DiLoCoX
-communication"). `--codec` takes `NAME` or `NAME:field=value,...` with
-the fields of `diloco/compress.py`'s CompressionSpec, e.g.
+The goal is 100x fewer bytes within 2% of the uncompressed perplexity;
+this says, before any quality run, how much of the signal a codec keeps
+at a given ratio on this model (docs/communication.md). `--codec` takes
+`NAME` or `NAME:field=value,...` with the fields of
+`diloco/compress.py`'s CompressionSpec, e.g.
 `topk:topk_fraction=0.015625,topk_chunk=4096,error_feedback=True`.
 """
 
@@ -298,7 +298,7 @@ def train_and_judge(config, args, trackers) -> tuple[int, int]:
       # codecs and the sums then run on one device. On arrays sharded over
       # 8 fake CPU devices each eager op of the judging was a small
       # collective program, and twice a CI run's worker aborted inside one
-      # (jaxlib 0.10.2, 2 cores; why was not found: BUILD_NOTES).
+      # (jaxlib 0.10.2, 2 cores; why was not found).
       contribs = jax.device_get(outer_lib.contributions(
           state["outer"]["params"], state["inner"]["params"], assignment,
           runtime.slot_names))

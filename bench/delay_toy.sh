@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The delay rules on a CPU-sized DiLoCo (exploratory, issue 11): the
+# The delay rules on a CPU-sized DiLoCo (exploratory): the
 # quickstart model (4 layers of d_model 64, 1024 pieces, the embedded
 # corpus) as DiLoCo x8, H = 50, 800 steps, outer Nesterov 0.7 / 0.9, all
 # arms from one dense base: no delay, one_round, lookahead, lookahead with

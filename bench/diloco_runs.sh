@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DiLoCo x8 (H = 50) vs one replica vs synchronous training with the 8x
 # batch: the three arms of experiments/diloco.py, all from the same dense
-# base, the same steps (BUILD_NOTES.md, "DiLoCo vs synchronous").
+# base, the same steps (docs/quality.md, "DiLoCo vs synchronous").
 # Usage: [BATCH=32] [STEPS=3000] [MODEL="--config.model.d_model=..."] \
 #        [MAX_CHARS=400000000] bash bench/diloco_runs.sh OUT_DIR [WORK_DIR]
 # BATCH is the per-replica batch (sequences); the synchronous run takes 8x.

@@ -12,8 +12,9 @@ they came from: the optimizer update, the model (forward and backward) or
 other (gradient clipping, the loss's reductions, the step counter). No
 timing: on the GPU, each kernel also costs a launch and a tail, so a step
 of many small kernels runs below the roofline of its bytes and FLOPs.
-Issue 15 asked why two slots of 4 layers (paths.shape=1x1, a DiPaCo 2x2
-path) run 4% slower than one slot of 8 (paths.shape=1) on an H100.
+The question: why do two slots of 4 layers (paths.shape=1x1, a DiPaCo
+2x2 path) run 4% slower than one slot of 8 (paths.shape=1) on an H100
+(docs/performance.md)?
 XLA:GPU fuses differently from XLA:CPU: count on the GPU for its numbers.
 """
 

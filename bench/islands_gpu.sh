@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The island runtime on GPUs (issue 10's measurements), one call per part.
+# The island runtime on GPUs (docs/islands.md), one device run per part.
 #
 #   bash bench/islands_gpu.sh paths256 OUT   # one GPU: 256 paths, store I/O
 #   bash bench/islands_gpu.sh diloco2 OUT    # two GPUs: DiLoCo x2 islands
@@ -17,7 +17,7 @@
 #   island run per arm of ARMS ("DELAY:H" words, default "none:100";
 #   one_round is DiLoCoX's overlap); then the store's throughput against
 #   dd; `python bench/islands_speedup.py OUT` makes the table.
-# diloco4: the same with 4 replicas, 4 workers on 4 GPUs (issue 15).
+# diloco4: the same with 4 replicas, 4 workers on 4 GPUs.
 # dipaco4: experiments/dipaco_2x2.py, 4 workers holding one path each,
 #   against the SPMD run of the same config on one GPU (its 4 paths
 #   vmapped, and its dense baseline: one path's model alone).
@@ -38,7 +38,7 @@
 # (paths.shape=1x1 of the same config: its two slots of 4 layers, H of the
 # first arm, SPMD_STEPS steps, the same data and base): the baseline whose
 # program equals the workers'; the dense baseline's one slot of 8 layers
-# runs about 4% faster on an H100 (BUILD_NOTES, issue 15).
+# runs about 4% faster on an H100 (docs/performance.md).
 # PROFILE=START:COUNT traces those inner steps (config.train.profile_steps)
 # in the SPMD runs and in each worker that runs them, and writes each
 # trace's idle gaps (bench/trace_gaps.py) as OUT/*_gaps.{txt,json}.
@@ -55,8 +55,8 @@ set -uo pipefail
 part=${1:?paths256|diloco2|diloco4|dipaco4}; out=${2:?OUT}
 mkdir -p "$out"; log="$out/$part.log"
 # A run cut short (`timeout`, ^C) takes its training processes with it:
-# session 14 lost a call to an island run that outlived its script and
-# held the next call's store. Every process this script starts names a
+# once (4 x H100, 2026-11-27) an island run outlived its script and held
+# the next run's store. Every process this script starts names a
 # folder under /tmp/${part}_ on its command line.
 cleanup() { pkill -9 -f "dipaco_jax[.].*/tmp/${part}_"; }
 trap cleanup EXIT; trap 'exit 143' TERM INT

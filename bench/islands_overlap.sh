@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DiLoCoX's overlap on islands (issue 11, "Overlap"), on this machine's CPU:
+# DiLoCoX's overlap on islands (docs/communication.md), on this machine's CPU:
 # DiLoCo x2 of a small model through `python -m dipaco_jax.islands`, two
 # worker processes, every role behind an emulated link (store/link.py):
 #   plain_fast   delay none, no link limit      (about the compute alone)

@@ -47,7 +47,7 @@ def wait_share(stats: dict) -> float:
 
 def after_round0(stats: dict) -> float:
   """`tokens_per_s_after_round0` with its clock started where round 0's
-  compute really ended. Stats written before session 13's fix started it
+  compute really ended. Stats written before 2026-11-27's fix started it
   up to 1.6 s early: a first task's `compute` phase left out the building
   of the worker's program, which its `seconds` hold (the phases of a later
   task add up to its seconds, so this changes nothing for those)."""
@@ -81,7 +81,7 @@ def table(out: pathlib.Path, name: str) -> None:
       (out / f"{name}_spmd1_results.json").read_text()))
   print(f"{name}: SPMD on one GPU: {base:,.0f} tokens/s (median of "
         f"progress rows), validation perplexity {spmd_ppl:.2f}")
-  # Issue 15 compares DiPaCo's islands with one path on one GPU too, in
+  # DiPaCo's islands are compared with one path on one GPU too, in
   # two layouts: the dense baseline run (its 8 layers one slot) and the
   # SPMD run of one path as a worker holds it (paths.shape=1x1: two slots
   # of 4 layers, `islands_gpu.sh dipaco4` with PATH1=1).

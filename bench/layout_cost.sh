@@ -6,7 +6,7 @@
 # Each GPU runs bench/scaling.py's one-GPU training loop (random batches,
 # 10 steps a dispatch) for every arm below, one after another, in an order
 # rotated by the GPU's index, so each arm runs once per GPU and no arm
-# always runs first (busy neighbours cost nothing: BUILD_NOTES, issue 15):
+# always runs first (busy neighbours cost nothing: docs/performance.md):
 #   slot1        dense.py as one slot of 8 layers (paths.shape=1)
 #   slot2        dense.py as two slots of 4 (paths.shape=1x1, a 2x2 path)
 #   slot2_merge  the same with train.merge_layer_slots=True

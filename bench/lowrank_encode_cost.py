@@ -4,7 +4,7 @@ r"""Time of the low-rank codec's encode, Gram-Schmidt against LAPACK/cuSOLVER QR
 
 The codec orthonormalizes with classical Gram-Schmidt applied twice
 (`compress_lowrank.orthonormalize`) since batched LAPACK QR deadlocked runs
-on a 2-core CPU (BUILD_NOTES "A hang"). This times one outer step's encode
+on a 2-core CPU (jaxlib 0.10.2). This times one outer step's encode
 of every worker's contribution (vmapped over --workers) on the matrices of
 experiments/diloco.py's model (the 8192 x 256 embedding, and per layer
 four 256 x 256 attention projections and the 256 x 1024 and 1024 x 256

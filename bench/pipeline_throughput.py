@@ -132,7 +132,7 @@ def _run_row_in_child(stages: int, micro: int, devices: int, schedule: str,
   if first_collective_s:
     # XLA aborts a process whose devices do not all reach their first
     # collective within 40 s; on 4 stages of a 3.8B model two of the four
-    # device threads did not (BUILD_NOTES "Pipeline stages"), so the limit
+    # device threads did not (docs/pipeline.md), so the limit
     # is raised to tell a slow first call from a deadlock.
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_first_"
                         f"collective_call_terminate_timeout_seconds="

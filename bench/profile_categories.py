@@ -1,4 +1,4 @@
-"""Groups a jax.profiler trace's device ops into the categories of issue 12.
+"""Groups a jax.profiler trace's device ops into the categories below.
 
 The trace (the `perfetto_trace.json.gz` that `jax.profiler.trace(...,
 create_perfetto_trace=True)` writes) names each device op by its HLO

@@ -7,7 +7,7 @@ per step (bench/profile_categories.py) of both, with B - A; then the ops
 of each category's top list whose jax name (scopes and slot names
 stripped of layer ranges) is in only one of the two: e.g. why a path cut
 into two slots of 4 layers (paths.shape=1x1) runs slower than one slot of
-8 (paths.shape=1), issue 15's 4%.
+8 (paths.shape=1), by 4% on an H100 (docs/performance.md).
 """
 
 import json

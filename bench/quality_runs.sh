@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The DiPaCo evidence of BUILD_NOTES.md, on one GPU: DiPaCo 2x2 and 4x4 vs
+# The DiPaCo evidence of docs/quality.md, on one GPU: DiPaCo 2x2 and 4x4 vs
 # the dense baseline (routed once / re-routed / oracle). The DiLoCo evidence
 # is bench/diloco_runs.sh.
 # Usage: [RUNS="dipaco_2x2 dipaco_4x4 dipaco_4x4_es_disc"] \
@@ -44,7 +44,7 @@ for name in $runs; do
           cp -r "$work/dipaco_2x2/$d" "$work/dipaco_4x4/$d"
         done
       fi
-      # With the larger dense models of issue 8 (2x and 4x one path's
+      # With the larger dense baselines (2x and 4x one path's
       # non-embedding parameters, and one path's size at DiPaCo's FLOPs).
       run dipaco_4x4 --config=experiments/dipaco_4x4.py \
         --config.eval.dense_scales=2,4 --config.eval.dense_same_flops=True

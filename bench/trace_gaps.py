@@ -13,7 +13,7 @@ idle gaps and, for each, the call stack of every host thread at the gap's
 middle (jax's Python tracer records each Python call as an event, so a
 thread's stack at time t is the events that contain t, outermost first).
 This answers "is the step bound by the host?" for an island worker
-against the SPMD loop (issue 15) without opening the trace by hand.
+against the SPMD loop without opening the trace by hand.
 A trace of a CPU run has no device process; the tool then says so.
 """
 

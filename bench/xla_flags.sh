@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Which XLA:GPU flags move the inner step at the paper's path shape
-# (issue 12 asks for "XLA GPU flags that help, stating which and why").
+# (the goal: "XLA GPU flags that help, stating which and why").
 #   [GPUS=0,1,2,3] [STEPS=10] [ARGS="more step_throughput flags"] \
 #     [NAMES="lhs exhaustive"] bash bench/xla_flags.sh OUT
 # Runs bench/step_throughput.py (--paths=1 --no_plain, batch 16) once per
 # flag set below, each in its own process with that XLA_FLAGS, spread over
 # GPUS (one set per GPU at a time; busy neighbours cost nothing:
-# BUILD_NOTES, issue 15). Every wave starts with a no-flag run on each of its GPUs, so each flag
-# set is compared with the baseline of its own GPU and wave. A flag this
+# docs/performance.md). Every wave starts with a no-flag run on each of
+# its GPUs, so each flag set is compared with the baseline of its own GPU
+# and wave. A flag this
 # XLA does not know fails its run ("Unknown flags in XLA_FLAGS"): its row
 # says so. Writes OUT/<name>.json, OUT/<name>.log and OUT/summary.md.
 #   cublaslt        GEMMs through cuBLASLt, whose epilogues can take a
