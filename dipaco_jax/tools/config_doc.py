@@ -259,11 +259,11 @@ def render() -> str:
   for section in sections:
     if not section.fields:
       continue
-    heading = (f"`{section.name}`: {section.title}" if section.name
-               else section.title)
-    out += [f"## {heading}", ""]
-    if section.intro:
-      out += [section.intro, ""]
+    if section.name:  # The heading is the section's name: its anchor.
+      out += [f"## {section.name}", "", _escape(section.title + (
+          f". {section.intro}" if section.intro else ".")), ""]
+    else:
+      out += [f"## {section.title}", ""]
     out += ["| Field | Default | Type | Allowed | Meaning |",
             "| --- | --- | --- | --- | --- |"]
     for field, text in section.fields:
