@@ -14,8 +14,9 @@ _PACKAGE = _ROOT / "dipaco_jax"
 # "session 22", "issue 8", "call 2", "session22_h200", "before_issue8": a
 # number after the word, with or without a space or underscore. Written
 # in two pieces so that this file does not match itself.
-_LABEL = re.compile(r"\b(?:sess" r"ion|iss" r"ue|ca" r"ll)[ _-]?\d+\b",
-                    re.IGNORECASE)
+_LABEL = re.compile(
+    r"(?<![a-z])(?:sess" r"ion|iss" r"ue|ca" r"ll)[ _-]?\d+(?![0-9])",
+    re.IGNORECASE)
 
 
 def _tracked_files() -> list[str]:
