@@ -1,6 +1,6 @@
 r"""Quickstart: DiPaCo 2x2 against a dense baseline, on CPU in minutes.
 
-Command (2-core CPU, about 2 minutes including the data stage):
+Command (2-core CPU, 132 s including the data stage, 2026-11-28):
   python -m dipaco_jax.main --config=experiments/quickstart.py \
       --workdir=/tmp/dipaco_quickstart
 
@@ -11,14 +11,14 @@ What it runs, on the embedded corpus (Python's standard library source):
   the base, 300 inner steps each, outer Nesterov every 50 steps -> routed
   evaluation against the dense base continued for the same 300 steps.
 
-Expected result (recorded on a 2-core CPU, 2026-11-26, 4-7 minutes):
-DiPaCo routed once per document 58.5 perplexity against 54.9 for the
-dense baseline on the same 52k tokens; the learned window router keeps
-each document's path (cross-validation on the router documents does not
-show a clear gain). At this size DiPaCo does NOT reliably beat the dense
-baseline: before the router documents were drawn by file the
-same command gave 53.3 against 54.2; the shards of 4 paths over ~1,000
-small documents move a lot with the routing. The GPU runs in
+Expected result (2-core AMD EPYC CPU, 2026-11-28, 132 s wall): DiPaCo
+routed once per document 58.47 perplexity against 54.94 for the dense
+baseline on the same 52,037 tokens; re-routed every 64 tokens 57.57 (the
+previous chunk) and 57.34 (all tokens so far); the learned window router
+keeps each document's path (cross-validation on the router documents
+shows no clear gain), 58.47. At this size DiPaCo does NOT beat the dense
+baseline: the shards of 4 paths over ~2,000 small documents move a lot
+with the routing (one path gets no validation document). The GPU runs in
 docs/quality.md show DiPaCo's gap at a size where it holds. Re-running the
 command reuses every finished stage.
 """
