@@ -17,7 +17,7 @@ baseline on the same 52,037 tokens; re-routed every 64 tokens 57.57 (the
 previous chunk) and 57.34 (all tokens so far); the learned window router
 keeps each document's path (cross-validation on the router documents
 shows no clear gain), 58.47. At this size DiPaCo does NOT beat the dense
-baseline: the shards of 4 paths over ~2,000 small documents move a lot
+baseline: the shards of 4 paths over 1,080 small documents move a lot
 with the routing (one path gets no validation document). The GPU runs in
 docs/quality.md show DiPaCo's gap at a size where it holds. Re-running the
 command reuses every finished stage.
