@@ -64,6 +64,9 @@ def parse_flags(argv):
   except Exception as e:  # pylint: disable=broad-except
     if wants_traceback(argv):
       raise
+    if isinstance(e, (OSError, SyntaxError)):
+      # Overrides make absl load the --config file while parsing.
+      fail(config_file_message(e, argv))
     message = flag_error_message(e, argv)
     if message is None:
       raise  # Not a mistake on the command line we can explain: a bug.
@@ -77,12 +80,23 @@ def _check_config_loaded(argv) -> None:
   first access of the config; report it now, before any compute."""
   try:
     flags.FLAGS[_CONFIG_FLAG].value.get("seed")
-  except OSError as e:
+  except (OSError, SyntaxError) as e:
     if wants_traceback(argv):
       raise
-    last = [l for l in str(e).splitlines() if l.strip()][-1].strip()
-    fail(f"--{_CONFIG_FLAG}={_config_argument(argv)}: cannot load the config "
-         f"file ({last}).")
+    fail(config_file_message(e, argv))
+
+
+def config_file_message(error: OSError | SyntaxError, argv) -> str:
+  """One line for a --config file that is missing, unreadable or not
+  Python: the file, what is wrong, and (for Python) where."""
+  prefix = f"--{_CONFIG_FLAG}={_config_argument(argv)}: cannot load the config"
+  if isinstance(error, SyntaxError):
+    return (f"{prefix} file: it is not valid Python ({error.msg}, "
+            f"{error.filename} line {error.lineno}); fix the file, or point "
+            "--config at an experiments/*.py file.")
+  last = [l for l in str(error).splitlines() if l.strip()][-1].strip()
+  return (f"{prefix} file ({last}); give the path of an existing "
+          "experiments/*.py file.")
 
 
 def flag_error_message(error: Exception, argv) -> str | None:

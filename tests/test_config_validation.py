@@ -282,3 +282,25 @@ def test_verbose_keeps_the_traceback(tmp_path):
               workdir=tmp_path / "run")
   assert run.returncode != 0
   assert "Traceback" in run.stderr
+
+
+@pytest.mark.parametrize("overrides", [(), ("--config.seed=1",)],
+                         ids=["alone", "with_overrides"])
+@pytest.mark.parametrize("problem", ["missing", "not_python"])
+def test_a_config_file_that_cannot_load_is_one_line(tmp_path, problem,
+                                                    overrides):
+  # With overrides absl loads the file while parsing, without them the
+  # first read of the config does: one line either way, naming the file.
+  config_file = tmp_path / "experiment.py"
+  if problem == "not_python":
+    config_file.write_text("def get_config(:\n")
+  workdir = tmp_path / "run"
+  line = _one_error_line(_main(f"--config={config_file}", *overrides,
+                               workdir=workdir))
+  assert line.startswith(f"error: --config={config_file}: cannot load the "
+                         "config file"), line
+  if problem == "not_python":
+    assert "not valid Python" in line and "line 1" in line, line
+  else:
+    assert "No such file" in line, line
+  assert not workdir.exists()
