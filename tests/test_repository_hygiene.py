@@ -11,9 +11,10 @@ import pytest
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _PACKAGE = _ROOT / "dipaco_jax"
-# "session 22", "issue 8", "call 2", "session22_h200", "before_issue8": a
-# number after the word, with or without a space or underscore. Written
-# in two pieces so that this file does not match itself.
+# The word for a work session, a tracker entry or a device call followed
+# by its number, with or without a space or underscore, also inside a name
+# ("..._h200", "before_..."). Written in pieces so that this file does not
+# match itself.
 _LABEL = re.compile(
     r"(?<![a-z])(?:sess" r"ion|iss" r"ue|ca" r"ll)[ _-]?\d+(?![0-9])",
     re.IGNORECASE)
