@@ -53,7 +53,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax.diloco import comm as comm_lib
-from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import background
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import replay
@@ -122,7 +121,7 @@ def _read_version(runner, task, program, cancel=None,
     time.sleep(0.01)
   bank, local_GxS = runner.load_bank(task, program)
   return jax.device_put(
-      outer_lib.gather_workers(bank, local_GxS, runner.slot_names),
+      program.gather_workers(bank, local_GxS),
       program.runtime.state_shardings["inner"]["params"])
 
 
@@ -155,8 +154,8 @@ def _fresh(runner, task, program):
   """Round 0's start: version 0 of the group's modules, a fresh AdamW
   state and codec carry."""
   bank, local_GxS = runner.load_bank(task, program)
-  anchor = outer_lib.gather_workers(bank, local_GxS, runner.slot_names)
-  return (anchor, jax.vmap(program.runtime.inner_tx.init)(anchor),
+  anchor = program.gather_workers(bank, local_GxS)
+  return (anchor, program.init_inner_opt(anchor),
           runner.wire.init_carry(anchor))
 
 
@@ -264,8 +263,7 @@ def train(runner, task, program, outer=None, after_first_dispatch=None,
   if outer is None:
     # The inner step passes the bank through untouched: any [G, ...] tree
     # of the bank's shapes will do.
-    outer = {"params": anchor, "opt_state": outer_lib.init_outer_opt_state(
-        runtime.outer_tx, anchor)}
+    outer = {"params": anchor, "opt_state": program.init_outer_opt(anchor)}
   state = {
       "step": np.int32(r * h),
       "inner": {"params": _copy(anchor), "opt_state": opt_state},

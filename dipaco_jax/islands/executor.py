@@ -8,8 +8,10 @@ order, so a large bank spreads over many executors; a unit is a module, or
 with pipeline stages one stage's share of a layer slot's module
 (`islands/units.py`), which steps alone: the outer step is elementwise. For
 each unit (below: module), once every user's
-round-r contribution is committed, it loads the module at version r (its
-parameters and outer optimizer state) and those contributions, runs the
+round-r contribution is committed, it takes the module at version r (its
+parameters and outer optimizer state: kept in memory from its own last
+step, read from the store after a start) and loads those contributions,
+runs the
 rest of the chain of `diloco.outer` (mix over the module's users, then the
 outer optimizer; nothing re-written here; compressed contributions are
 decoded first, `islands/wire.py`), and commits version r + 1: the
@@ -52,6 +54,12 @@ def _drop_expert_axis(tree):
   return jax.tree.map(lambda x: x if np.ndim(x) == 0 else x[0], tree)
 
 
+# What an executor keeps of the versions it committed, so that its next
+# step of a module reads only the round's contributions from the store: a
+# parameter server's memory. Past it, the oldest are read back instead.
+HOLD_BYTES = 4 << 30
+
+
 class ModuleStepper:
   """The outer step of one module of a slot, jitted once per slot shape."""
 
@@ -63,10 +71,17 @@ class ModuleStepper:
     self.weights_W = np.asarray(spec.weights_W, np.float64)
     self.num_experts = [s.num_experts for s in spec.topology().slots]
     self._step = jax.jit(self._step_fn, static_argnums=0)
+    self._mixing = {}
 
   def mixing(self, slot_index: int, expert: int):
     """(users, their a[w, e] as [U, 1], weighted users as [1]): Eq. (2)
-    over the whole assignment, cut to this module."""
+    over the whole assignment, cut to this module; fixed for the run, so
+    worked out once per module."""
+    if (slot_index, expert) not in self._mixing:
+      self._mixing[slot_index, expert] = self._mixing_of(slot_index, expert)
+    return self._mixing[slot_index, expert]
+
+  def _mixing_of(self, slot_index: int, expert: int):
     column_Wx1 = self.assignment_WxS[:, [slot_index]]
     k = [self.num_experts[slot_index]]
     a_WxK = outer_lib.mixing_matrices(column_Wx1, self.weights_W, k)[0]
@@ -94,7 +109,7 @@ class Executor:
   """Outer steps of the units `modules` [(slot index, expert, stage)]."""
 
   def __init__(self, run, spec: layout.RunSpec, modules, role_id: str,
-               log=print):
+               log=print, hold_bytes: int = HOLD_BYTES):
     self.run, self.spec, self.log = run, spec, log
     slots = spec.topology().slots
     self.slot_names = [s.name for s in slots]
@@ -110,6 +125,10 @@ class Executor:
     self.stats = layout.read_json(self.stats_path) or {"outer_steps": 0,
                                                        "seconds": 0.0}
     self.next_version = {m: self._first_missing(m) for m in self.modules}
+    # {unit: (version, params, opt_state)}: what the last step committed,
+    # oldest first, at most `hold_bytes` in all.
+    self.held = {}
+    self.hold_bytes = hold_bytes
 
   def key(self, module) -> str:
     """The unit's slot part of its store keys."""
@@ -134,12 +153,7 @@ class Executor:
     s, e, _ = module
     name, unit, r = self.slot_names[s], self.key(module), round_index
     params_like, opt_like = likes
-    key = layout.module_dir(self.run, unit, e, r)
-    params, _ = items.load_tree(key, params_like)
-    self.meter.add("read", r, key)
-    key = layout.outer_state_dir(self.run, unit, e, r)
-    opt_state, _ = items.load_tree(key, opt_like)
-    self.meter.add("read", r, key)
+    params, opt_state = self._version(module, r, likes)
     users, a_Ux1, users_1 = self.stepper.mixing(s, e)
     rows = []
     for w in users:
@@ -166,10 +180,36 @@ class Executor:
     items.save_tree(key, params, meta)
     self.meter.add("written", r, key)
     self.meter.flush()
+    self._hold(module, r + 1, params, opt_state)
     # Load, step and commit: the time a round waits on this module.
     self.stats["outer_steps"] += 1
     self.stats["seconds"] += time.monotonic() - started
     atomic.write_json(self.stats_path, self.stats, indent=None)
+
+  def _version(self, module, r: int, likes):
+    """(parameters, outer optimizer state) of `module` at version r: the
+    ones this executor committed last round, kept in memory (the same
+    bytes as the store's: saved without loss), or read from the store
+    (the first step after a start or a restart)."""
+    held = self.held.pop(module, None)
+    if held is not None and held[0] == r:
+      return held[1], held[2]
+    s, e, _ = module
+    unit = self.key(module)
+    params_like, opt_like = likes
+    key = layout.module_dir(self.run, unit, e, r)
+    params, _ = items.load_tree(key, params_like)
+    self.meter.add("read", r, key)
+    key = layout.outer_state_dir(self.run, unit, e, r)
+    opt_state, _ = items.load_tree(key, opt_like)
+    self.meter.add("read", r, key)
+    return params, opt_state
+
+  def _hold(self, module, version: int, params, opt_state) -> None:
+    self.held[module] = (version, params, opt_state)
+    size = lambda held: sum(x.nbytes for x in jax.tree.leaves(held[1:]))
+    while sum(size(h) for h in self.held.values()) > self.hold_bytes:
+      del self.held[next(iter(self.held))]
 
   def _publish(self, module, r: int, params, params_like, meta) -> None:
     """The workers' copy of version r + 1: its change from their copy of

@@ -224,17 +224,26 @@ def users_of(assignment_WxS: np.ndarray, slot_index: int, expert: int
 
 def directory_bytes(directory) -> int:
   """Bytes of the files under `directory` (what a read or write moved)."""
-  total = 0
-  for path in epath.Path(directory).iterdir():
-    total += directory_bytes(path) if path.is_dir() else path.stat().length
-  return total
+  return items.directory_bytes(directory)
+
+
+def key_bytes(directory) -> int:
+  """Bytes of a committed key: its item as its writer counted them (in the
+  commit marker, so a reader lists no files: one operation, not one per
+  file, on gs://) and the marker itself; a key written without the count
+  is walked."""
+  text = (epath.Path(directory) / atomic.COMMIT_MARKER).read_text()
+  stored = json.loads(text).get("stored_bytes")
+  if stored is None:
+    return directory_bytes(directory)
+  return stored + len(text.encode())
 
 
 class ByteMeter:
   """Bytes a role wrote and read per round, kept in its control file.
 
-  Measured from the store (the sizes of the keys moved), not computed from
-  shapes. A restarted role continues its predecessor's counts.
+  Measured from the store (the sizes of the keys moved, as their writers
+  counted the files), not computed from shapes. A restarted role continues its predecessor's counts.
   """
 
   def __init__(self, run, role_id: str):
@@ -244,7 +253,7 @@ class ByteMeter:
     self._lock = threading.Lock()
 
   def add(self, kind: str, round_index: int, directory) -> None:
-    key, size = str(round_index), directory_bytes(directory)
+    key, size = str(round_index), key_bytes(directory)
     with self._lock:
       self.counts[kind][key] = self.counts[kind].get(key, 0) + size
 

@@ -6,12 +6,14 @@ reuse the compiled step (`worker.TaskRunner.program` keeps one per size).
 """
 
 import dataclasses
+import functools
 import math
 
 import flax.linen as nn
 import jax
 import numpy as np
 
+from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
@@ -61,3 +63,15 @@ class GroupProgram:
     worker_opt = self.runtime.abstract_state["inner"]["opt_state"]
     self.worker_opt_like = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), worker_opt)
+    runtime = self.runtime
+    # A task's small steps around the inner loop, one program each (as
+    # eager operations they would compile one kernel per leaf shape at a
+    # worker's start and dispatch one per leaf every round).
+    self.init_inner_opt = jax.jit(jax.vmap(runtime.inner_tx.init))
+    # The inner step passes the bank's outer state through untouched.
+    self.init_outer_opt = jax.jit(functools.partial(
+        outer_lib.init_outer_opt_state, runtime.outer_tx))
+    self.gather_workers = jax.jit(functools.partial(
+        outer_lib.gather_workers, slot_names=runtime.slot_names))
+    self.contributions = jax.jit(functools.partial(
+        outer_lib.contributions, slot_names=runtime.slot_names))

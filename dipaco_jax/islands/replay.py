@@ -22,10 +22,8 @@ import dataclasses
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.errors import UserError
 from dipaco_jax.islands import layout
 
@@ -41,14 +39,12 @@ def train_round(runner, task, program, bank, local_GxS, inner_params,
       "inner": {"params": inner_params, "opt_state": opt_state},
       # Passed through the inner step untouched.
       "outer": {"params": bank,
-                "opt_state": outer_lib.init_outer_opt_state(
-                    runtime.outer_tx, bank)},
+                "opt_state": program.init_outer_opt(bank)},
   }
   state = jax.device_put(state, runtime.state_shardings)
   state, losses_HxG = runner.inner_steps(task, runtime, state)
-  contribs = outer_lib.contributions(
-      jax.tree.map(jnp.asarray, bank), state["inner"]["params"],
-      local_GxS, runner.slot_names)
+  contribs = program.contributions(bank, state["inner"]["params"],
+                                   local_GxS)
   # Compressed slots: their payloads, and what their codecs carry on.
   payloads, carry = runner.wire.encode_units(contribs, carry,
                                              runner.num_units)
@@ -91,8 +87,7 @@ def replay(runner, task, program):
   for j in range(c, r):
     past = dataclasses.replace(task, round_index=j)
     bank, local_GxS = runner.load_bank(past, program)
-    inner_params = outer_lib.gather_workers(bank, local_GxS,
-                                            runner.slot_names)
+    inner_params = program.gather_workers(bank, local_GxS)
     if j == c:  # Committed at step cH (or the fresh init at c = 0).
       opt_state, carry = runner.load_inner_at(past, program, inner_params)
     state, _, _, carry = train_round(runner, past, program, bank, local_GxS,

@@ -44,7 +44,6 @@ import numpy as np
 from dipaco_jax.data import batches as batches_lib
 from dipaco_jax.data import prefetch
 from dipaco_jax.data import shards as shards_lib
-from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import delayed
 from dipaco_jax.islands import downloads as downloads_lib
 from dipaco_jax.islands import heartbeat as heartbeat_lib
@@ -185,9 +184,8 @@ class TaskRunner:
                     inner_params):
     """(AdamW state, codec carry) of the group at the round's start, kept
     or committed (the fresh init at round 0)."""
-    runtime = program.runtime
     if task.round_index == 0:
-      return (jax.vmap(runtime.inner_tx.init)(inner_params),
+      return (program.init_inner_opt(inner_params),
               self.wire.init_carry(inner_params))
     step = task.round_index * self.spec.inner_steps
     if self._kept is not None and self._kept[:2] == (task.group, step):
@@ -220,7 +218,7 @@ class TaskRunner:
                    f"{k} {v:.2f} s" for k, v in self.phases.items()) + ")")
       return losses
     bank, local_GxS = self.load_bank(task, program)
-    inner_params = outer_lib.gather_workers(bank, local_GxS, self.slot_names)
+    inner_params = program.gather_workers(bank, local_GxS)
     opt_state, carry = self._load_inner(task, program, inner_params)
     # Payloads stay on device: each unit's writer copies its own.
     state, losses_HxG, payloads, carry = replay.train_round(

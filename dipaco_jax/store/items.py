@@ -11,7 +11,8 @@ Each such key directory holds
   item/            an orbax PyTree checkpoint of the tree
   COMMITTED.json   the commit marker (`atomic.commit`), written last:
                    {"meta": what the caller passed, "leaves": {keypath: shape},
-                    "bytes": the arrays' size}
+                    "bytes": the arrays' size, "stored_bytes": the size of
+                    the files written before it}
 
 Readers read only committed keys: loading an uncommitted one raises
 `NotCommittedError` and `committed_*` / `latest_*` skip it. Saving over an
@@ -159,7 +160,8 @@ def save_tree(directory, tree, meta: dict | None = None, *,
         tree, save_args=jax.tree.map(_chunked, tree)))
   if writes:
     atomic.commit(directory, {"meta": meta or {}, "leaves": _shapes(tree),
-                              "bytes": _nbytes(tree)})
+                              "bytes": _nbytes(tree),
+                              "stored_bytes": directory_bytes(directory)})
   if collective:
     # No process returns before the marker exists.
     multihost.barrier(f"store_commit:{directory}")
@@ -214,6 +216,14 @@ def load_saved(directory):
       collective=False) as checkpointer:
     tree = checkpointer.restore(directory / ITEM)
   return tree, marker["meta"]
+
+
+def directory_bytes(directory) -> int:
+  """Bytes of the files under `directory`."""
+  total = 0
+  for path in epath.Path(directory).iterdir():
+    total += directory_bytes(path) if path.is_dir() else path.stat().length
+  return total
 
 
 def _nbytes(tree) -> int:
