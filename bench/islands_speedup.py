@@ -97,8 +97,9 @@ def table(out: pathlib.Path, name: str) -> None:
   cols = "".join(f" vs {run} |" for run, _ in baselines)
   print("\n| workers | delay | H | kill | aggregate tokens/s after round 0 "
         f"| vs one GPU |{cols} training wall s | outer-step wait share "
-        "| mean task phases (s) | perplexity |")
-  print("| --- " * (10 + len(baselines)) + "|")
+        "| mean task phases after round 0 (s) "
+        "| mean outer step phases per unit (s) | perplexity |")
+  print("| --- " * (11 + len(baselines)) + "|")
   for path in sorted(out.glob(f"{name}_islands*_stats.json")):
     n, delay, h, kill, every, rep = re.fullmatch(
         rf"{name}_islands(\d+)_(\w+?)_h(\d+)(?:_kill(\d+))?(?:_every(\d+))?"
@@ -119,6 +120,8 @@ def table(out: pathlib.Path, name: str) -> None:
           + f"{train_wall_s(stats):.1f} | "
           f"{wait_share(stats):.0%} | "
           + (", ".join(f"{k} {v:.2f}" for k, v in phases.items()) or "-")
+          + " | " + (", ".join(f"{k} {v:.3f}" for k, v in (
+              stats.get("mean_outer_step_phases_s") or {}).items()) or "-")
           + f" | {ppl} |")
   print()
 

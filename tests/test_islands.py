@@ -321,6 +321,36 @@ def test_a_delayed_tasks_phases_add_up_to_its_time(tmp_path, monkeypatch,
     assert ("wait_in_compute" in phases) == (delay == "overlap")
 
 
+def test_a_plain_tasks_phases_and_the_outer_steps_phases(tmp_path,
+                                                       monkeypatch):
+  # Without a delay a task reads, trains and writes; the executor reads,
+  # steps and writes each unit; both sum to their totals.
+  exp = _experiment(tmp_path / "spmd", num_steps=4)
+  seen = []
+  run_task = worker_lib.TaskRunner.run_task
+
+  def timed(self, task):
+    t0 = time.monotonic()
+    losses = run_task(self, task)
+    seen.append((time.monotonic() - t0, dict(self.phases)))
+    return losses
+  monkeypatch.setattr(worker_lib.TaskRunner, "run_task", timed)
+  _islands_in_process(exp, tmp_path / "islands", 4)
+  assert len(seen) == 2
+  for elapsed, phases in seen:
+    assert tuple(phases) == timeline.SYNC_PHASES
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) <= elapsed
+    assert [k for k, _ in timeline.plot_parts(phases)] == list(phases)
+  stats = layout.read_json(layout.control(tmp_path / "islands", "stats",
+                                          "executor.json"))
+  assert tuple(stats["phases_s"]) == executor_lib.EXECUTOR_PHASES
+  assert sum(stats["phases_s"].values()) == pytest.approx(stats["seconds"])
+  mean = launcher._mean_outer_step_phases({"executor": stats})  # pylint: disable=protected-access
+  assert sum(mean.values()) == pytest.approx(
+      stats["seconds"] / stats["outer_steps"])
+
+
 def _fresh_store(tmp_path, paths_per_task, num_steps=2):
   """A run's store at version 0, its spec and a task runner on it."""
   exp = _experiment(tmp_path, num_steps=num_steps)

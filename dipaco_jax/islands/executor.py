@@ -60,6 +60,13 @@ def _drop_expert_axis(tree):
 HOLD_BYTES = 4 << 30
 
 
+# An outer step's seconds: version r and the round's contributions read,
+# the step (on this process's device, the copy back to the host included),
+# version r + 1 committed (the outer state, compressed downloads, the
+# parameters); summed over the steps in the executor's stats.
+EXECUTOR_PHASES = ("read", "step", "write")
+
+
 class ModuleStepper:
   """The outer step of one module of a slot, jitted once per slot shape."""
 
@@ -168,8 +175,10 @@ class Executor:
     contribs_U = (jax.tree.map(lambda *x: np.stack(x), *rows) if rows else
                   jax.tree.map(lambda x: np.zeros((0,) + x.shape, x.dtype),
                                params_like))
+    t_read = time.monotonic()
     params, opt_state = jax.device_get(self.stepper(
         name, params, opt_state, contribs_U, a_Ux1, users_1))
+    t_step = time.monotonic()
     meta = {"round": r, "users": [int(w) for w in users]}
     key = layout.outer_state_dir(self.run, unit, e, r + 1)
     items.save_tree(key, opt_state, meta)
@@ -182,8 +191,14 @@ class Executor:
     self.meter.flush()
     self._hold(module, r + 1, params, opt_state)
     # Load, step and commit: the time a round waits on this module.
+    done = time.monotonic()
     self.stats["outer_steps"] += 1
-    self.stats["seconds"] += time.monotonic() - started
+    self.stats["seconds"] += done - started
+    phases = self.stats.setdefault("phases_s", dict.fromkeys(
+        EXECUTOR_PHASES, 0.0))
+    for kind, seconds in zip(EXECUTOR_PHASES, (
+        t_read - started, t_step - t_read, done - t_step)):
+      phases[kind] += seconds
     atomic.write_json(self.stats_path, self.stats, indent=None)
 
   def _version(self, module, r: int, likes):

@@ -189,10 +189,21 @@ def task_stats(run, spec: layout.RunSpec) -> dict:
               last.values(), tokens_per_task_path),
           "outer_step_seconds": sum(e.get("seconds", 0.0)
                                     for e in executors.values()),
+          "mean_outer_step_phases_s": _mean_outer_step_phases(executors),
           "workers": {
       w: {"tasks": len(info.get("tasks", [])),
           "peak_device_bytes": info.get("peak_device_bytes")}
       for w, info in sorted(workers.items())}}
+
+
+def _mean_outer_step_phases(executors) -> dict | None:
+  """Mean seconds per outer step of each of its phases
+  (`executor.EXECUTOR_PHASES`), over every executor's steps."""
+  steps = sum(e.get("outer_steps", 0) for e in executors.values())
+  sums = [e["phases_s"] for e in executors.values() if "phases_s" in e]
+  if not steps or not sums:
+    return None
+  return {k: sum(p.get(k, 0.0) for p in sums) / steps for k in sums[0]}
 
 
 def _after_round0(tasks, tokens_per_task_path: int) -> float | None:
@@ -207,7 +218,8 @@ def _after_round0(tasks, tokens_per_task_path: int) -> float | None:
   later = [t for t in tasks if t["round"] > 0]
   if not first or not later:
     return None
-  start = min(t["start"] + (t["phases"]["compute"] if "phases" in t
+  start = min(t["start"] + (t["phases"]["compute"]
+                            if "compute" in t.get("phases", {})
                             else t["seconds"]) for t in first)
   end = max(t["start"] + t["seconds"] for t in tasks)
   return (tokens_per_task_path * sum(len(t["group"]) for t in later)
@@ -291,9 +303,13 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
   plot_path = exp.run_dir.parent.parent / "plots" / f"islands_{exp.name}.png"
   timeline.plot(run, plot_path)
   if stats["mean_phases_s"]:
-    log("mean task phases: " + ", ".join(
+    log("mean task phases after round 0: " + ", ".join(
         f"{k} {v:.2f} s" for k, v in stats["mean_phases_s"].items())
         + f"; timeline {plot_path}")
+  if stats["mean_outer_step_phases_s"]:
+    log("mean outer step phases (per unit): " + ", ".join(
+        f"{k} {v:.3f} s"
+        for k, v in stats["mean_outer_step_phases_s"].items()))
   for worker, info in stats["workers"].items():
     peak = info["peak_device_bytes"]
     log(f"worker {worker}: {info['tasks']} tasks" + (

@@ -15,9 +15,12 @@ the part of `wait` spent on the version (`wait_version`: joining its
 prefetch, or reading it); with `overlap`, whose version is read after tau
 steps of the round, the part of `compute` spent waiting for it
 (`wait_in_compute`, drawn as a wait where the compute bar starts: the
-round's last H - tau steps follow it). `plot` draws them per
-worker on one time axis: with the outer step one round late and the
-uploads in the background, a round is about its compute.
+round's last H - tau steps follow it). Tasks without a delay record
+`SYNC_PHASES`: `read` (the start state; the first task also builds the
+worker's program), `train` (H inner steps) and `write` (the commits).
+`plot` draws them per worker on one time axis: with the outer step one
+round late and the uploads in the background, a round is about its
+compute.
 """
 
 import jax
@@ -28,9 +31,19 @@ from dipaco_jax.islands import layout
 from dipaco_jax.store import atomic
 
 PHASES = delayed.PHASES
+# A task without a delay: its start state read (and, for the first task,
+# the worker's program built), its H inner steps, its contributions (and
+# AdamW state, every K rounds) copied and committed.
+SYNC_PHASES = ("read", "train", "write")
 _COLORS = {"compute": "tab:blue", "wait": "tab:red",
            "next_round": "tab:cyan", "upload_tail": "tab:orange",
+           "read": "tab:purple", "train": "tab:blue", "write": "tab:orange",
            "task": "tab:gray"}
+
+
+def phases_of(phases: dict) -> tuple[str, ...]:
+  """The drawn phases of a task's row: a delayed task's or a plain one's."""
+  return PHASES if "compute" in phases else SYNC_PHASES
 
 
 class TaskStats:
@@ -75,23 +88,25 @@ def worker_tasks(run) -> dict[str, list[dict]]:
 
 
 def mean_phases(run) -> dict | None:
-  """Mean seconds per phase over the delayed tasks (None if none)."""
+  """Mean seconds per phase over the tasks of rounds 1.. (round 0's hold
+  the compilation; None if no task records phases)."""
   rows = [t["phases"] for tasks in worker_tasks(run).values()
-          for t in tasks if "phases" in t]
+          for t in tasks if "phases" in t and t["round"] > 0]
   if not rows:
     return None
-  # PHASES first, then any parts of them every row records.
-  keys = list(PHASES) + [k for k in rows[0] if k not in PHASES
-                         and all(k in r for r in rows)]
+  # The drawn phases first, then any parts of them every row records.
+  drawn = phases_of(rows[0])
+  keys = list(drawn) + [k for k in rows[0] if k not in drawn
+                        and all(k in r for r in rows)]
   return {k: float(np.mean([r[k] for r in rows])) for k in keys}
 
 
 def plot_parts(phases: dict) -> list[tuple[str, float]]:
-  """A delayed task's bar segments in time order: its PHASES, with the
-  wait inside `compute` (`overlap`) split out in front of it."""
+  """A task's bar segments in time order: its phases (`phases_of`), with
+  the wait inside `compute` (`overlap`) split out in front of it."""
   inside = phases.get("wait_in_compute", 0.0)
   parts = []
-  for kind in PHASES:
+  for kind in phases_of(phases):
     seconds = phases[kind]
     if kind == "compute" and inside:
       parts.append(("wait", inside))
@@ -125,7 +140,7 @@ def plot(run, path) -> None:
       ax.text(t["start"] - t0, y + 0.3, f"r{t['round']}", fontsize=6)
   ax.set_yticks(range(len(tasks)), sorted(tasks))
   ax.set_xlabel("seconds since the first task")
-  ax.set_title("island tasks: compute, upload, wait for the outer step")
+  ax.set_title("island tasks: read, compute, upload, wait for the outer step")
   ax.legend(loc="upper right", fontsize=7)
   fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)

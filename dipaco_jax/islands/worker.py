@@ -220,9 +220,11 @@ class TaskRunner:
     bank, local_GxS = self.load_bank(task, program)
     inner_params = program.gather_workers(bank, local_GxS)
     opt_state, carry = self._load_inner(task, program, inner_params)
+    t_read = time.monotonic()
     # Payloads stay on device: each unit's writer copies its own.
     state, losses_HxG, payloads, carry = replay.train_round(
         self, task, program, bank, local_GxS, inner_params, opt_state, carry)
+    t_train = time.monotonic()
     carry = jax.device_get(carry)
     self._kept = None
     # Copied to the host only when committed (`RunSpec.commits_inner`).
@@ -232,8 +234,14 @@ class TaskRunner:
     self._write(task, payloads, opt_state, carry, loss_G)
     self._kept = (task.group, (task.round_index + 1) * self.spec.inner_steps,
                   state["inner"]["opt_state"], carry)
+    # Consecutive clock readings: the phases add up to the task's time
+    # (`timeline.SYNC_PHASES`; the first task's `read` holds the building
+    # of the worker's program).
+    self.phases = {"read": t_read - t0, "train": t_train - t_read,
+                   "write": time.monotonic() - t_train}
     self.log(f"round {task.round_index} workers {list(task.group)}: loss "
-             f"{loss_G.mean():.4f}, {time.monotonic() - t0:.1f} s")
+             f"{loss_G.mean():.4f}, {time.monotonic() - t0:.1f} s (" +
+             ", ".join(f"{k} {v:.2f} s" for k, v in self.phases.items()) + ")")
     return {w: float(l) for w, l in zip(task.group, loss_G)}
 
   def inner_steps(self, task: Task, runtime, state,
