@@ -5,6 +5,7 @@
 #   bash bench/islands_gpu.sh diloco2 OUT    # two GPUs: DiLoCo x2 islands
 #   bash bench/islands_gpu.sh diloco4 OUT    # four GPUs: DiLoCo x4 islands
 #   bash bench/islands_gpu.sh dipaco4 OUT    # four GPUs: DiPaCo 2x2 islands
+#   bash bench/islands_gpu.sh dipaco1 OUT    # one GPU: the runtime's cost
 #
 # paths256: experiments/dipaco_2x2.py at 16x16 with a small model (4 layers
 #   of d_model 256, batch 4) through islands: one worker holding 32 paths a
@@ -21,6 +22,10 @@
 # dipaco4: experiments/dipaco_2x2.py, 4 workers holding one path each,
 #   against the SPMD run of the same config on one GPU (its 4 paths
 #   vmapped, and its dense baseline: one path's model alone).
+# dipaco1: the same config, one worker holding all 4 paths on the GPU the
+#   SPMD run used: the same inner program, so the ratio is what the island
+#   runtime costs per round (reads, writes, the outer step through the
+#   store) and its phase tables say where.
 # ARMS words are DELAY:H, DELAY:H:K or DELAY:H:K:E (DELAY none, one_round,
 # or overlap/TAU: delay=overlap, overlap_steps=TAU), K: kill -9 worker w1
 # K seconds after the first heartbeat (the launcher restarts it; compare
@@ -52,7 +57,7 @@
 # island arm's role logs as a .tgz. The device tool returns only a few
 # files from $OUT: run it on a folder and tar that into $OUT.
 set -uo pipefail
-part=${1:?paths256|diloco2|diloco4|dipaco4}; out=${2:?OUT}
+part=${1:?paths256|diloco2|diloco4|dipaco4|dipaco1}; out=${2:?OUT}
 mkdir -p "$out"; log="$out/$part.log"
 # A run cut short (`timeout`, ^C) takes its training processes with it:
 # once (4 x H100, 2026-11-27) an island run outlived its script and held
@@ -86,13 +91,13 @@ case $part in
     python3 bench/store_throughput.py --dir=/tmp/store_bench --mib=2048 \
       > "$out/store_throughput.json" 2>> "$log"
     cat "$out/store_throughput.json" >> "$log" ;;
-  diloco2|diloco4|dipaco4)
+  diloco2|diloco4|dipaco4|dipaco1)
     # N worker processes, one GPU each (N = the part's last digit).
     n=${part: -1}; a=/tmp/${part}_spmd1; b=/tmp/${part}_islands
     gpus=${GPUS:-$(seq -s, 0 $((n - 1)))}
-    if [[ $part == dipaco4 ]]; then  # 4 paths, one path per worker
+    if [[ $part == dipaco* ]]; then  # 4 paths, 4 / N paths per worker
       cfg=experiments/dipaco_2x2.py; name=dipaco; run=dipaco
-      shape=(--paths_per_task=1)
+      shape=(--paths_per_task=$((4 / n)))
     else
       cfg=experiments/dense.py; name=diloco; run=main
       shape=(--config.paths.num_replicas=$n)
@@ -113,7 +118,7 @@ case $part in
     for d in shards router splits.json runs/dense; do
       [[ -e $a/$d ]] && cp -r $a/$d $b/$d
     done
-    if [[ $part == dipaco4 && -n "${PATH1:-}" ]]; then
+    if [[ $part == dipaco* && -n "${PATH1:-}" ]]; then
       p1=/tmp/${part}_path1; rm -rf $p1; mkdir -p $p1/runs
       cp -r $a/data $p1/; cp -r $a/runs/base $p1/runs/
       first=${ARMS:-none:100}; IFS=: read -r _ h1 _ <<< "${first%% *}"

@@ -52,7 +52,8 @@ def after_round0(stats: dict) -> float:
   of the worker's program, which its `seconds` hold (the phases of a later
   task add up to its seconds, so this changes nothing for those)."""
   tps = stats["tokens_per_s_after_round0"]
-  first = [t for t in stats["tasks"] if t["round"] == 0 and "phases" in t]
+  first = [t for t in stats["tasks"]
+           if t["round"] == 0 and "compute" in t.get("phases", {})]
   if not first:
     return tps
   end = max(t["start"] + t["seconds"] for t in stats["tasks"])
