@@ -7,14 +7,13 @@ Executor i of n owns every n-th unit (slot, expert, stage) in a fixed
 order, so a large bank spreads over many executors; a unit is a module, or
 with pipeline stages one stage's share of a layer slot's module
 (`islands/units.py`), which steps alone: the outer step is elementwise. For
-each unit (below: module), once every user's
-round-r contribution is committed, it takes the module at version r (its
-parameters and outer optimizer state: kept in memory from its own last
-step, read from the store after a start) and loads those contributions,
-runs the
-rest of the chain of `diloco.outer` (mix over the module's users, then the
-outer optimizer; nothing re-written here; compressed contributions are
-decoded first, `islands/wire.py`), and commits version r + 1: the
+each unit (below: module), once every user's round-r contribution is
+committed, it takes the module at version r (its parameters and outer
+optimizer state: kept in memory from its own last step, read from the
+store after a start) and loads those contributions, runs the rest of the
+chain of `diloco.outer` (mix over the module's users, then the outer
+optimizer; nothing re-written here; compressed contributions are decoded
+first, `islands/wire.py`), and commits version r + 1: the
 optimizer state first (with compressed downloads, then the workers'
 compressed copy, `islands/downloads.py`), the parameters last. A module's
 step waits only for its own users. A killed executor is restarted and carries on from the
@@ -159,7 +158,7 @@ class Executor:
     started = time.monotonic()
     s, e, _ = module
     name, unit, r = self.slot_names[s], self.key(module), round_index
-    params_like, opt_like = likes
+    params_like, _ = likes
     params, opt_state = self._version(module, r, likes)
     users, a_Ux1, users_1 = self.stepper.mixing(s, e)
     rows = []

@@ -243,7 +243,8 @@ class ByteMeter:
   """Bytes a role wrote and read per round, kept in its control file.
 
   Measured from the store (the sizes of the keys moved, as their writers
-  counted the files), not computed from shapes. A restarted role continues its predecessor's counts.
+  counted the files), not computed from shapes. A restarted role continues
+  its predecessor's counts.
   """
 
   def __init__(self, run, role_id: str):

@@ -80,6 +80,10 @@ class Task:
   group: tuple[int, ...]
 
 
+def _seconds(phases: dict) -> str:
+  return ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
+
+
 class TaskRunner:
   """Runs tasks of one run; keeps compiled programs and shards between
   tasks."""
@@ -214,8 +218,7 @@ class TaskRunner:
       losses, self.phases = delayed.run_task(self, task, program, t0)
       self.log(f"round {task.round_index} workers {list(task.group)}: loss "
                f"{np.mean(list(losses.values())):.4f}, "
-               f"{time.monotonic() - t0:.1f} s (" + ", ".join(
-                   f"{k} {v:.2f} s" for k, v in self.phases.items()) + ")")
+               f"{time.monotonic() - t0:.1f} s ({_seconds(self.phases)})")
       return losses
     bank, local_GxS = self.load_bank(task, program)
     inner_params = program.gather_workers(bank, local_GxS)
@@ -240,8 +243,8 @@ class TaskRunner:
     self.phases = {"read": t_read - t0, "train": t_train - t_read,
                    "write": time.monotonic() - t_train}
     self.log(f"round {task.round_index} workers {list(task.group)}: loss "
-             f"{loss_G.mean():.4f}, {time.monotonic() - t0:.1f} s (" +
-             ", ".join(f"{k} {v:.2f} s" for k, v in self.phases.items()) + ")")
+             f"{loss_G.mean():.4f}, {time.monotonic() - t0:.1f} s "
+             f"({_seconds(self.phases)})")
     return {w: float(l) for w, l in zip(task.group, loss_G)}
 
   def inner_steps(self, task: Task, runtime, state,
