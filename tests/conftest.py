@@ -49,19 +49,3 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", float(
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 
-
-# The modules whose cases run longest (tens of seconds each: real processes,
-# kills, whole jobs), first: `pytest -n 2` hands cases out in order, so a
-# long case started last would keep one core busy while the other idles.
-_LONGEST_FIRST = ("test_multihost", "test_islands_processes",
-                  "test_pipeline", "test_dense_scaling", "test_islands",
-                  "test_islands_replay", "test_overlap", "test_delay",
-                  "test_results_rerun", "test_contribution_fidelity")
-
-
-def pytest_collection_modifyitems(items):
-  def rank(item):
-    name = item.path.stem
-    return (_LONGEST_FIRST.index(name) if name in _LONGEST_FIRST
-            else len(_LONGEST_FIRST))
-  items.sort(key=rank)  # Stable: each module keeps its own order.
