@@ -47,5 +47,3 @@ jax.config.update("jax_compilation_cache_dir",
                   os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", float(
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
-
-

@@ -6,6 +6,7 @@ test_islands_processes.py.)"""
 import dataclasses
 import pathlib
 import time
+import types
 
 import jax
 import numpy as np
@@ -27,6 +28,7 @@ from dipaco_jax.islands import timeline
 from dipaco_jax.islands import worker as worker_lib
 from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.store import atomic
+from dipaco_jax.store import items
 
 
 @dataclasses.dataclass
@@ -349,6 +351,22 @@ def test_a_plain_tasks_phases_and_the_outer_steps_phases(tmp_path,
   mean = launcher._mean_outer_step_phases({"executor": stats})  # pylint: disable=protected-access
   assert sum(mean.values()) == pytest.approx(
       stats["seconds"] / stats["outer_steps"])
+
+
+def test_an_executor_holds_its_newest_versions_within_its_bound(tmp_path):
+  # Oldest out once the held bytes pass the bound; a key's bytes read from
+  # its marker equal the walk of its files and the marker.
+  held = types.SimpleNamespace(held={}, hold_bytes=3 * 4096)
+  tree = {"w": np.zeros((1024,), np.float32)}  # 4096 B
+  for unit in ("a", "b"):
+    executor_lib.Executor._hold(held, unit, 1, tree, tree)  # pylint: disable=protected-access
+  assert list(held.held) == ["b"]  # "a" and "b" together: 16 kB > 12 kB.
+  held.hold_bytes = 4 * 4096
+  executor_lib.Executor._hold(held, "c", 2, tree, tree)  # pylint: disable=protected-access
+  assert list(held.held) == ["b", "c"] and held.held["c"][0] == 2
+  key = tmp_path / "key"
+  items.save_tree(key, tree)
+  assert layout.key_bytes(key) == layout.directory_bytes(key)
 
 
 def _fresh_store(tmp_path, paths_per_task, num_steps=2):
