@@ -44,10 +44,13 @@
 # first arm, SPMD_STEPS steps, the same data and base): the baseline whose
 # program equals the workers'; the dense baseline's one slot of 8 layers
 # runs about 4% faster on an H100 (docs/performance.md).
+# PATHS_PER_TASK (dipaco parts): paths a task holds, default 4 / N; 1 on
+# dipaco1 runs the 1-path program the workers of dipaco4 run, on one GPU.
 # PROFILE=START:COUNT traces those inner steps (config.train.profile_steps)
 # in the SPMD runs and in each worker that runs them, and writes each
 # trace's idle gaps (bench/trace_gaps.py) as OUT/*_gaps.{txt,json}.
-# Env: STEPS, ARMS, DETERMINISTIC, MAX_CHARS, PATH1, PATH1_H, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
+# SPMD_H: the SPMD run's H (default: the first arm's).
+# Env: STEPS, ARMS, SPMD_H, DETERMINISTIC, MAX_CHARS, PATH1, PATH1_H, PATHS_PER_TASK, SKIP_SPMD (reuse /tmp/PART_spmd1), SKIP_STORE, EXTRA (more flags for every island run and
 # the SPMD run, e.g. the outer optimizer), GPUS (the GPUs to use, e.g.
 # "0,1": the SPMD run on the first, worker i on the i-th; default 0..N-1),
 # so another job can use the machine's other GPUs meanwhile; SPMD_STEPS
@@ -97,7 +100,7 @@ case $part in
     gpus=${GPUS:-$(seq -s, 0 $((n - 1)))}
     if [[ $part == dipaco* ]]; then  # 4 paths, 4 / N paths per worker
       cfg=experiments/dipaco_2x2.py; name=dipaco; run=dipaco
-      shape=(--paths_per_task=$((4 / n)))
+      shape=(--paths_per_task=${PATHS_PER_TASK:-$((4 / n))})
     else
       cfg=experiments/dense.py; name=diloco; run=main
       shape=(--config.paths.num_replicas=$n)
@@ -105,11 +108,18 @@ case $part in
     read -r -a extra <<< "${EXTRA:-}"
     steps=(--config.train.num_steps=${STEPS:-500} --config.base.num_steps=200
            ${PROFILE:+--config.train.profile_steps=$PROFILE} "${extra[@]}")
+    # The SPMD run at the first arm's H (SPMD_H overrides): its perplexity
+    # is comparable with the arms of that H only (an SPMD run at the
+    # config's H = 50 against islands at H = 100 once read as a 1.9% gap
+    # of the island runtime).
+    first=${ARMS:-none:100}; IFS=: read -r _ h1 _ <<< "${first%% *}"
+    spmd_h=${SPMD_H:-$h1}
     if [[ -z "${SKIP_SPMD:-}" || ! -f $a/results.json ]]; then
       rm -rf $a
       CUDA_VISIBLE_DEVICES=${gpus%%,*} python3 -m dipaco_jax.main \
         --config=$cfg --workdir=$a "${corpus[@]}" "${steps[@]}" \
         ${SPMD_STEPS:+--config.train.num_steps=$SPMD_STEPS} \
+        ${spmd_h:+--config.diloco.inner_steps=$spmd_h} \
         >> "$log" 2>&1
       echo "exit spmd $?" >> "$log"
     fi
@@ -121,7 +131,6 @@ case $part in
     if [[ $part == dipaco* && -n "${PATH1:-}" ]]; then
       p1=/tmp/${part}_path1; rm -rf $p1; mkdir -p $p1/runs
       cp -r $a/data $p1/; cp -r $a/runs/base $p1/runs/
-      first=${ARMS:-none:100}; IFS=: read -r _ h1 _ <<< "${first%% *}"
       h1=${PATH1_H:-$h1}  # PATH1_H: its H when ARMS=" " (no island arm)
       CUDA_VISIBLE_DEVICES=${gpus%%,*} python3 -m dipaco_jax.main \
         --config=$cfg --workdir=$p1 "${corpus[@]}" "${steps[@]}" \
