@@ -351,6 +351,10 @@ def test_a_plain_tasks_phases_and_the_outer_steps_phases(tmp_path,
   mean = launcher._mean_outer_step_phases({"executor": stats})  # pylint: disable=protected-access
   assert sum(mean.values()) == pytest.approx(
       stats["seconds"] / stats["outer_steps"])
+  # Each outer step writes its module and its outer optimizer state (two
+  # array transfers) and reads at least one contribution.
+  assert stats["store_ops"]["put"] == 2 * stats["outer_steps"]
+  assert stats["store_ops"]["get"] >= stats["outer_steps"]
 
 
 def test_an_executor_holds_its_newest_versions_within_its_bound(tmp_path):

@@ -2,6 +2,7 @@
 this machine, with `kill -9` of each role during the run: the result equals
 the run without failures, bit for bit."""
 
+import json
 import os
 import pathlib
 import random
@@ -120,6 +121,15 @@ def test_kills_of_every_role_lose_nothing(tmp_path):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(calm.final_losses_W, stormy.final_losses_W)
   assert layout.done_path(run).exists()
+  # Every role counted its store operations: per task, per outer step (its
+  # module and outer state: two array writes) and per polling iteration
+  # (the slow-store model of docs/islands.md).
+  stats = json.loads(pathlib.Path(calm_run, "stats.json").read_text())
+  assert set(stats["loop_store_ops"]) == {"coordinator", "executor",
+                                          "worker"}
+  assert all(v > 0 for v in stats["loop_store_ops"].values())
+  assert stats["mean_task_store_ops"]["put"] >= 1  # Its contributions.
+  assert stats["mean_outer_step_store_ops"]["put"] == 2
   # The coordinator collected what no one reads again: only the final
   # modules remain, and no contribution.
   versions = {p.name for p in pathlib.Path(run, "modules").glob("*/*/v*")}

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import types
 
@@ -20,6 +21,7 @@ from dipaco_jax.eval import routed
 from dipaco_jax.eval import sharded
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
+from dipaco_jax.store import link
 
 K, W = 3, 4
 
@@ -425,3 +427,30 @@ def test_threads_of_one_process_write_one_file_at_once(tmp_path):
   assert not errors, errors[0]
   assert set(json.loads(path.read_text())) == {"tag", "i"}
   assert [p.name for p in tmp_path.iterdir()] == ["hb.json"]
+
+
+def test_the_emulated_link_counts_and_delays_every_store_operation(
+    tmp_path):
+  # `--link_latency_ms`: every store operation waits it out and is counted
+  # by kind on its own thread (the slow-store model of docs/islands.md).
+  link.set_link(0.0, 20.0)
+  try:
+    before = link.thread_counts().copy()
+    t0 = time.monotonic()
+    atomic.write_json(tmp_path / "a.json", {"x": 1})
+    assert atomic.read_commit(tmp_path) is None
+    assert not atomic.is_committed(tmp_path)
+    items.save_tree(tmp_path / "k", {"w": np.ones(4, np.float32)})
+    items.load_tree(tmp_path / "k", {"w": np.zeros(4, np.float32)})
+    elapsed = time.monotonic() - t0
+    other = threading.Thread(target=link.operation, args=("list",))
+    other.start()
+    other.join()
+  finally:
+    link.set_link(0.0, 0.0)
+  ops = link.since(before)
+  # save_tree: is it committed, is a leftover there, the arrays, the
+  # marker; load_tree: the marker, the arrays. The other thread's listing
+  # is its own.
+  assert ops == {"write": 2, "read": 2, "exists": 3, "put": 1, "get": 1}
+  assert elapsed >= 0.020 * sum(ops.values())

@@ -47,8 +47,9 @@ _LINK_MBPS = flags.DEFINE_float(
     "and the store (every array read and write takes latency + bytes / "
     "bandwidth at least); 0 = the disk's speed.", lower_bound=0.0)
 _LINK_LATENCY = flags.DEFINE_float(
-    "link_latency_ms", 0.0, "The emulated link's latency per transfer.",
-    lower_bound=0.0)
+    "link_latency_ms", 0.0, "Emulated latency of every store operation "
+    "(a marker, a control file, a listing, an array transfer), e.g. 50 for an "
+    "object store across a region; 0 = none.", lower_bound=0.0)
 _INNER_STATE_EVERY = flags.DEFINE_integer(
     "inner_state_every", 1, "Commit the workers' AdamW states (and codec "
     "carries) every K rounds, not every round: fewer bytes "

@@ -27,15 +27,21 @@ import time
 import numpy as np
 
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import timeline
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import atomic
+from dipaco_jax.store import link
 
 
 class Coordinator:
   """The scheduling state of one run, rebuilt from the store."""
 
-  def __init__(self, run, spec: layout.RunSpec, log=print, clock=None):
+  def __init__(self, run, spec: layout.RunSpec, log=print, clock=None,
+               before_done=lambda: None):
+    """`before_done()` runs once the run is finished, before DONE.json is
+    written (the launcher stops the roles once it exists)."""
     self.run, self.spec, self.log = run, spec, log
+    self.before_done = before_done
     self.clock = clock or time.monotonic
     topology = spec.topology()
     self.assignment_WxS = topology.assignment_WxS
@@ -275,6 +281,7 @@ class Coordinator:
 
   def _finish(self, live) -> None:
     self._save_state(live)
+    self.before_done()
     atomic.write_json(layout.done_path(self.run), {
         "tasks_done": self.tasks_done, "requeued": self.requeued,
         "rounds": self.num_rounds})
@@ -289,19 +296,28 @@ def _remove(directory) -> None:
   """Deletes a key: its commit marker first, so that no reader ever sees
   a committed key with missing files."""
   marker = directory / atomic.COMMIT_MARKER
+  link.operation("delete")
   if marker.exists():
     marker.unlink()
+  link.operation("delete")
   if directory.exists():
     directory.rmtree()
 
 
 def serve(run, poll_s: float = 0.05, timeout_s: float = 24 * 3600.0) -> None:
   spec = layout.RunSpec.load(run)
+  spec.use_link()
   log = lambda msg: print(f"[coordinator] {msg}", flush=True)
-  coordinator = Coordinator(run, spec, log)
+  loop = timeline.LoopOps(run, "coordinator")
+  coordinator = Coordinator(run, spec, log, before_done=loop.save)
   deadline = time.monotonic() + timeout_s
-  while not layout.done_path(run).exists():
-    if coordinator.tick():
+  while True:
+    loop.start()
+    if layout.is_done(run):
+      return
+    finished = coordinator.tick()
+    loop.end()
+    if finished:
       return
     if time.monotonic() > deadline:
       raise TimeoutError(f"run not finished in {timeout_s:.0f} s")

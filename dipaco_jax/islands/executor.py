@@ -35,12 +35,14 @@ import numpy as np
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import downloads as downloads_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import timeline
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.islands import wire as wire_lib
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
+from dipaco_jax.store import link
 
 
 def _add_expert_axis(tree):
@@ -156,6 +158,7 @@ class Executor:
     """Version r + 1 of `module` from version r and round r's
     contributions."""
     started = time.monotonic()
+    ops_before = link.thread_counts().copy()
     s, e, _ = module
     name, unit, r = self.slot_names[s], self.key(module), round_index
     params_like, _ = likes
@@ -198,6 +201,11 @@ class Executor:
     for kind, seconds in zip(EXECUTOR_PHASES, (
         t_read - started, t_step - t_read, done - t_step)):
       phases[kind] += seconds
+    # The store operations of the step (read, write, the meter's file):
+    # what a slow store charges its latency for (store/link.py).
+    ops = self.stats.setdefault("store_ops", {})
+    for kind, count in link.since(ops_before).items():
+      ops[kind] = ops.get(kind, 0) + count
     atomic.write_json(self.stats_path, self.stats, indent=None)
 
   def _version(self, module, r: int, likes):
@@ -312,13 +320,20 @@ def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
   executor = Executor(run, spec, owned_modules(spec, shard, num_shards),
                       role, log)
   likes_of = module_likes(spec)
+  loop = timeline.LoopOps(run, role)
   deadline = time.monotonic() + timeout_s
   while not executor.finished():
-    if executor.poll(likes_of):
+    loop.start()
+    steps_before = dict(executor.stats.get("store_ops", {}))
+    stepped = executor.poll(likes_of)
+    loop.end(work={k: v - steps_before.get(k, 0) for k, v in
+                   executor.stats.get("store_ops", {}).items()})
+    if stepped:
       continue
     if time.monotonic() > deadline:
       raise TimeoutError(f"{role}: run not finished in {timeout_s:.0f} s")
     time.sleep(poll_s)
+  loop.save()
   log(f"done: {len(executor.modules)} units at version "
       f"{spec.num_rounds}")
 

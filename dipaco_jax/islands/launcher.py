@@ -190,6 +190,15 @@ def task_stats(run, spec: layout.RunSpec) -> dict:
           "outer_step_seconds": sum(e.get("seconds", 0.0)
                                     for e in executors.values()),
           "mean_outer_step_phases_s": _mean_outer_step_phases(executors),
+          # Store operations (store/link.py): a task's own, and an outer
+          # step's, mean over rounds 1.. / over every step.
+          "mean_task_store_ops": _mean_task_store_ops(last.values()),
+          "mean_outer_step_store_ops": _mean_outer_step_store_ops(
+              executors),
+          # The busiest executor's outer steps a round (one after another).
+          "outer_steps_per_executor_round": max(
+              [e.get("outer_steps", 0) / spec.num_rounds
+               for e in executors.values()], default=0.0),
           "workers": {
       w: {"tasks": len(info.get("tasks", [])),
           "peak_device_bytes": info.get("peak_device_bytes")}
@@ -204,6 +213,27 @@ def _mean_outer_step_phases(executors) -> dict | None:
   if not steps or not sums:
     return None
   return {k: sum(p.get(k, 0.0) for p in sums) / steps for k in sums[0]}
+
+
+def _mean_task_store_ops(tasks) -> dict | None:
+  """Mean store operations of a task of rounds 1.., by kind."""
+  rows = [t["store_ops"] for t in tasks
+          if t["round"] > 0 and "store_ops" in t]
+  return _mean_counts(rows, len(rows))
+
+
+def _mean_outer_step_store_ops(executors) -> dict | None:
+  """Mean store operations of one outer step, by kind."""
+  rows = [e["store_ops"] for e in executors.values() if "store_ops" in e]
+  return _mean_counts(rows, sum(e.get("outer_steps", 0)
+                                for e in executors.values()))
+
+
+def _mean_counts(rows: list[dict], n: int) -> dict | None:
+  if not rows or not n:
+    return None
+  kinds = sorted({k for r in rows for k in r})
+  return {k: sum(r.get(k, 0) for r in rows) / n for k in kinds}
 
 
 def _after_round0(tasks, tokens_per_task_path: int) -> float | None:
@@ -285,7 +315,7 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
     spec.save(run)
     log(f"{len(spec.groups())} tasks per round x {spec.num_rounds} rounds, "
         f"{options.num_workers} workers; store {run}")
-    if not layout.done_path(run).exists():
+    if not layout.is_done(run):
       num_units = sum(s.num_experts * units_lib.slot_stages(
           s, units_lib.num_stages(c)) for s in exp.topology.slots)
       roles_lib.supervise(run, roles_lib.make_roles(run, options, num_units),
@@ -299,6 +329,7 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
       f"{done.get('requeued', 0)} re-queued")
   stats = task_stats(run, spec)
   stats["mean_phases_s"] = timeline.mean_phases(run)
+  stats["loop_store_ops"] = timeline.loop_ops(run)
   atomic.write_json(run / "stats.json", stats)
   plot_path = exp.run_dir.parent.parent / "plots" / f"islands_{exp.name}.png"
   timeline.plot(run, plot_path)
@@ -310,6 +341,14 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
     log("mean outer step phases (per unit): " + ", ".join(
         f"{k} {v:.3f} s"
         for k, v in stats["mean_outer_step_phases_s"].items()))
+  for what, key in (("a task after round 0", "mean_task_store_ops"),
+                    ("an outer step", "mean_outer_step_store_ops")):
+    if stats[key]:
+      log(f"store operations of {what}: {sum(stats[key].values()):.1f} ("
+          + ", ".join(f"{k} {v:.1f}" for k, v in stats[key].items()) + ")")
+  if stats["loop_store_ops"]:
+    log("store operations per polling iteration: " + ", ".join(
+        f"{k} {v:.1f}" for k, v in stats["loop_store_ops"].items()))
   for worker, info in stats["workers"].items():
     peak = info["peak_device_bytes"]
     log(f"worker {worker}: {info['tasks']} tasks" + (

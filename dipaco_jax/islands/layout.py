@@ -47,8 +47,8 @@ import numpy as np
 
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.store import atomic
-from dipaco_jax.store import link
 from dipaco_jax.store import items
+from dipaco_jax.store import link
 
 
 def _version_key(run, kind: str, slot: str, expert: int,
@@ -92,6 +92,7 @@ def latest_module_version(run, slot: str, expert: int) -> int | None:
   """The newest committed version of a module (older ones may have been
   collected)."""
   parent = epath.Path(run) / "modules" / slot / f"{expert:05d}"
+  link.operation("list")
   if not parent.exists():
     return None
   versions = [int(d.name[1:]) for d in parent.iterdir()
@@ -108,10 +109,17 @@ def done_path(run) -> epath.Path:
   return epath.Path(run) / "DONE.json"
 
 
+def is_done(run) -> bool:
+  """Whether the run has finished (one store operation: the roles poll it)."""
+  link.operation("exists")
+  return done_path(run).exists()
+
+
 def control_files(directory) -> list[epath.Path]:
   """The control files in `directory` (none if it is absent), without the
   temporary files of writes in progress (`.NAME.json.tmp-PID-UNIQUE`)."""
   directory = epath.Path(directory)
+  link.operation("list")
   if not directory.exists():
     return []
   return sorted(p for p in directory.iterdir()
@@ -122,6 +130,7 @@ def read_json(path) -> dict | None:
   """A control file, or None when absent (or caught mid-replace on a store
   without atomic rename)."""
   path = epath.Path(path)
+  link.operation("read")
   try:
     return json.loads(path.read_text())
   except (FileNotFoundError, json.JSONDecodeError):
@@ -232,6 +241,7 @@ def key_bytes(directory) -> int:
   commit marker, so a reader lists no files: one operation, not one per
   file, on gs://) and the marker itself; a key written without the count
   is walked."""
+  link.operation("read")
   text = (epath.Path(directory) / atomic.COMMIT_MARKER).read_text()
   stored = json.loads(text).get("stored_bytes")
   if stored is None:

@@ -112,7 +112,7 @@ def supervise(run, roles: list[Role], options, log,
   for role in roles:
     role.start()
   try:
-    while not layout.done_path(run).exists():
+    while not layout.is_done(run):
       for role in roles:
         code = role.process.poll()
         if code is None or code == 0:

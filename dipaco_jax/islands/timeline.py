@@ -23,12 +23,15 @@ round late and the uploads in the background, a round is about its
 compute.
 """
 
+import collections
+
 import jax
 import numpy as np
 
 from dipaco_jax.islands import delayed
 from dipaco_jax.islands import layout
 from dipaco_jax.store import atomic
+from dipaco_jax.store import link
 
 PHASES = delayed.PHASES
 # A task without a delay: its start state read (and, for the first task,
@@ -55,18 +58,62 @@ class TaskStats:
     self.info = layout.read_json(self.path) or {"tasks": []}
 
   def add(self, task, started: float, seconds: float,
-          losses: dict, phases: dict | None = None) -> None:
+          losses: dict, phases: dict | None = None,
+          store_ops: dict | None = None) -> None:
+    """`phases`: seconds per phase (`phases_of`); `store_ops`: the store
+    operations the task's own thread made, by kind (store/link.py)."""
     row = {"round": task.round_index, "group": list(task.group),
            "start": started, "seconds": seconds,
            "losses": [losses[w] for w in task.group]}
-    if phases:  # Delayed tasks: seconds per phase (PHASES).
+    if phases:
       row["phases"] = phases
+    if store_ops is not None:
+      row["store_ops"] = store_ops
     self.info["tasks"].append(row)
     peak = peak_device_bytes()
     if peak is not None:
       self.info["peak_device_bytes"] = max(
           peak, self.info.get("peak_device_bytes", 0))
     atomic.write_json(self.path, self.info, indent=None)
+
+
+class LoopOps:
+  """The store operations of a role's polling loop (store/link.py), per
+  iteration, kept in `control/ops/{role}.json` when the loop ends: what one
+  look at the store costs a role, the part of a hand-off between roles
+  that a slow store charges its latency for. `work` excludes the
+  operations of the work an iteration found (a task, an outer step),
+  which their own stats count."""
+
+  def __init__(self, run, role: str):
+    self.path = layout.control(run, "ops", f"{role}.json")
+    self.iterations, self.ops = 0, collections.Counter()
+    self._before = None
+
+  def start(self) -> None:
+    self._before = link.thread_counts().copy()
+
+  def end(self, work: dict | None = None) -> None:
+    """Closes an iteration; `work`: the operations of the work it did."""
+    self.iterations += 1
+    self.ops.update(link.since(self._before))
+    self.ops.subtract(work or {})
+
+  def save(self) -> None:
+    atomic.write_json(self.path, {"iterations": self.iterations,
+                                  "ops": dict(+self.ops)}, indent=None)
+
+
+def loop_ops(run) -> dict[str, float]:
+  """{role kind (coordinator, executor, worker): store operations per
+  iteration of its polling loop}, over the roles that saved theirs."""
+  sums = collections.defaultdict(lambda: [0, 0])
+  for path in layout.control_files(layout.control(run, "ops")):
+    info = layout.read_json(path) or {}
+    kind = path.stem.split("-")[0].split("_")[0]
+    sums[kind][0] += sum(info.get("ops", {}).values())
+    sums[kind][1] += info.get("iterations", 0)
+  return {k: ops / n for k, (ops, n) in sorted(sums.items()) if n}
 
 
 def peak_device_bytes() -> int | None:

@@ -57,6 +57,7 @@ from dipaco_jax.islands import wire as wire_lib
 from dipaco_jax.parallel import mesh as mesh_lib
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
+from dipaco_jax.store import link
 from dipaco_jax.train import dispatch
 from dipaco_jax.train import profiling
 
@@ -329,13 +330,18 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   stats = timeline.TaskStats(run, worker_id)
   assign_path = layout.control(run, "assign", f"{worker_id}.json")
   done_seq, ran, idle_since = -1, 0, time.monotonic()
+  loop = timeline.LoopOps(run, f"worker_{worker_id}")
   with heartbeat_lib.Heartbeat(run, worker_id, spec.heartbeat_s) as (
       heartbeat), runner.tracer:
-    while not layout.done_path(run).exists():
+    while True:
+      loop.start()
+      if layout.is_done(run):
+        break
       lease = layout.read_json(assign_path)
       if lease and lease.get("stop"):
         break
       if not lease or lease["seq"] == done_seq or lease["task"] is None:
+        loop.end()
         if time.monotonic() - idle_since > max_idle_s:
           raise TimeoutError(f"no task for {max_idle_s:.0f} s")
         time.sleep(poll_s)
@@ -343,6 +349,7 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
       task = Task(lease["task"]["round"], tuple(lease["task"]["group"]))
       heartbeat.update(task=lease["task"])
       started = time.time()
+      ops_before = link.thread_counts().copy()
       try:
         losses = runner.run_task(task)
       except items.NotCommittedError as e:
@@ -351,13 +358,17 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
         log(f"round {task.round_index} workers {list(task.group)}: inputs "
             f"gone ({e}); skipping")
         losses = {}
+      task_ops = link.since(ops_before)
       if losses:
         stats.add(task, started, time.time() - started, losses,
-                  runner.phases)
+                  runner.phases, task_ops)
       ran += 1
       done_seq = lease["seq"]
       heartbeat.update(task=None, done_seq=done_seq)
       idle_since = time.monotonic()
+      loop.end(work=task_ops)
+    loop.end()
+  loop.save()
   log(f"done: {ran} tasks")
   return ran
 

@@ -22,6 +22,8 @@ import uuid
 from etils import epath
 import numpy as np
 
+from dipaco_jax.store import link
+
 COMMIT_MARKER = "COMMITTED.json"
 
 
@@ -39,6 +41,7 @@ def _temporary(path: epath.Path) -> epath.Path:
 def write_bytes(path, data: bytes) -> None:
   """Writes `data` at `path` so that a reader sees all of it or none."""
   path = epath.Path(path)
+  link.operation("write")
   path.parent.mkdir(parents=True, exist_ok=True)
   if _is_object_store(path):
     path.write_bytes(data)
@@ -64,11 +67,12 @@ def write_npz(path, **arrays: np.ndarray) -> None:
   half-way into an open object would still upload what it had written.
   """
   path = epath.Path(path)
-  if _is_object_store(path):
+  if _is_object_store(path):  # write_bytes counts the operation.
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     write_bytes(path, buffer.getvalue())
     return
+  link.operation("write")
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = _temporary(path)
   with tmp.open("wb") as f:
@@ -83,12 +87,15 @@ def commit(directory, meta: dict) -> None:
 
 
 def is_committed(directory) -> bool:
+  link.operation("exists")
   return (epath.Path(directory) / COMMIT_MARKER).exists()
 
 
 def read_commit(directory) -> dict | None:
-  """The commit marker's metadata, or None when not committed."""
-  marker = epath.Path(directory) / COMMIT_MARKER
-  if not marker.exists():
+  """The commit marker's metadata, or None when not committed (one read:
+  on an object store a check before the read would be a second request)."""
+  link.operation("read")
+  try:
+    return json.loads((epath.Path(directory) / COMMIT_MARKER).read_text())
+  except FileNotFoundError:
     return None
-  return json.loads(marker.read_text())

@@ -148,13 +148,16 @@ def save_tree(directory, tree, meta: dict | None = None, *,
       raise ValueError(f"Leaves {bad[:5]} span other processes: gather them "
                        "to the host first or pass collective=True.")
   writes = not collective or multihost.is_writer()
+  if writes:
+    link.operation("exists")
   if writes and directory.exists():
     logging.warning("Removing %s: an uncommitted leftover of an earlier "
                     "writer.", directory)
+    link.operation("delete")
     directory.rmtree()
   if collective:
     multihost.barrier(f"store_clean:{directory}")
-  with link.transfer(_nbytes(tree)), _checkpointer(collective) as (
+  with link.transfer(_nbytes(tree), "put"), _checkpointer(collective) as (
       checkpointer):
     checkpointer.save(directory / ITEM, args=ocp.args.PyTreeSave(
         tree, save_args=jax.tree.map(_chunked, tree)))
@@ -198,8 +201,8 @@ def load_tree(directory, like):
   directory = epath.Path(directory)
   marker = _marker(directory)
   _check_like(directory, like, marker["leaves"])
-  with link.transfer(_nbytes(like)), _checkpointer(collective=False) as (
-      checkpointer):
+  with link.transfer(_nbytes(like), "get"), _checkpointer(
+      collective=False) as checkpointer:
     tree = checkpointer.restore(directory / ITEM, args=ocp.args.PyTreeRestore(
         item=like, restore_args=jax.tree.map(_restore_arg, like)))
   return tree, marker["meta"]
@@ -212,7 +215,7 @@ def load_saved(directory):
   varies by round)."""
   directory = epath.Path(directory)
   marker = _marker(directory)
-  with link.transfer(marker.get("bytes", 0)), _checkpointer(
+  with link.transfer(marker.get("bytes", 0), "get"), _checkpointer(
       collective=False) as checkpointer:
     tree = checkpointer.restore(directory / ITEM)
   return tree, marker["meta"]
@@ -233,6 +236,7 @@ def _nbytes(tree) -> int:
 
 def _committed_keys(parent: epath.Path, prefix: str) -> list[int]:
   """The numbers n of the committed `{prefix}{n}` directories, ascending."""
+  link.operation("list")
   if not parent.exists():
     return []
   pattern = re.compile(rf"{prefix}(\d+)")
