@@ -21,8 +21,10 @@ the roles themselves:
     at its lease.
 
   python bench/islands_slow_store.py --out=/tmp/slow_store [--latency_ms=50]
-      [--workdir=/tmp/slow_store_runs] [-- --config.X=Y ...]
+      [--fsync] [--workdir=/tmp/slow_store_runs] [-- --config.X=Y ...]
 
+With --fsync, a third run at disk speed with `--store_fsync` (each key
+synced to disk before its marker): what the durability costs a round.
 Writes OUT/slow_store.md (the table) and each run's stats.json.
 """
 
@@ -41,10 +43,9 @@ _COPIED = ("data", "runs/base", "runs/dense", "shards", "router",
            "splits.json")
 
 
-def _run(workdir: pathlib.Path, latency_ms: float, extra: list[str],
-         log: pathlib.Path) -> float:
+def _run(workdir: pathlib.Path, flags: list[str], log: pathlib.Path) -> float:
   cmd = [sys.executable, "-m", "dipaco_jax.islands", *_ISLANDS,
-         f"--workdir={workdir}", f"--link_latency_ms={latency_ms}", *extra]
+         f"--workdir={workdir}", *flags]
   t0 = time.monotonic()
   with open(log, "w") as f:
     subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=True)
@@ -112,38 +113,47 @@ def main() -> None:
   parser.add_argument("--out", required=True)
   parser.add_argument("--workdir", default="/tmp/slow_store_runs")
   parser.add_argument("--latency_ms", type=float, default=50.0)
+  parser.add_argument("--fsync", action="store_true")
   parser.add_argument("extra", nargs="*", help="flags for both runs")
   args = parser.parse_args()
   out, base = pathlib.Path(args.out), pathlib.Path(args.workdir)
   out.mkdir(parents=True, exist_ok=True)
+  arms = [("latency_0ms", 0.0, []),
+          (f"latency_{args.latency_ms:g}ms", args.latency_ms,
+           [f"--link_latency_ms={args.latency_ms}"])]
+  if args.fsync:
+    arms.append(("fsync", 0.0, ["--store_fsync"]))
   rows = {}
-  for latency in (0.0, args.latency_ms):
-    workdir = base / f"latency_{latency:g}ms"
-    if latency:
-      _copy_stages(base / "latency_0ms", workdir)
+  for name, latency, flags in arms:
+    workdir = base / name
+    if rows:  # The first run's stages, reused.
+      _copy_stages(base / arms[0][0], workdir)
     else:
       shutil.rmtree(workdir, ignore_errors=True)
-    wall = _run(workdir, latency, args.extra, out / f"latency_{latency:g}ms.log")
+    wall = _run(workdir, flags + args.extra, out / f"{name}.log")
     stats_path = workdir / "islands" / "dipaco" / "stats.json"
     stats = json.loads(stats_path.read_text())
-    shutil.copy(stats_path, out / f"latency_{latency:g}ms_stats.json")
-    rows[latency] = (wall, stats)
-  t0 = steady_round_s(rows[0.0][1])
+    shutil.copy(stats_path, out / f"{name}_stats.json")
+    rows[name] = (latency, " ".join(flags) or "none", wall, stats)
+  t0 = steady_round_s(rows[arms[0][0]][3])
   lines = [
       f"Islands quickstart (`{' '.join(_ISLANDS + args.extra)}`), "
       f"{args.latency_ms:g} ms per store operation against none; "
       "steady round = median time between round starts over rounds 1..",
       "",
-      "| latency | job wall s | steady round s | operations on a round's "
-      "critical path | predicted round s | measured / predicted |",
-      "| --- | --- | --- | --- | --- | --- |"]
-  for latency, (wall, stats) in rows.items():
+      "| flags | job wall s | steady round s | mean task phases s | "
+      "operations on a round's critical path | predicted round s | "
+      "measured / predicted |",
+      "| --- | --- | --- | --- | --- | --- | --- |"]
+  for latency, flags, wall, stats in rows.values():
     parts = critical_ops(stats)
     n = sum(parts.values())
     predicted = t0 + latency / 1e3 * n
     measured = steady_round_s(stats)
+    phases = ", ".join(f"{k} {v:.2f}"
+                       for k, v in (stats["mean_phases_s"] or {}).items())
     lines.append(
-        f"| {latency:g} ms | {wall:.0f} | {measured:.2f} | {n:.1f} ("
+        f"| {flags} | {wall:.0f} | {measured:.2f} | {phases} | {n:.1f} ("
         + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
         + f") | {predicted:.2f} | {measured / predicted:.2f} |")
   table = "\n".join(lines)

@@ -454,3 +454,33 @@ def test_the_emulated_link_counts_and_delays_every_store_operation(
   # is its own.
   assert ops == {"write": 2, "read": 2, "exists": 3, "put": 1, "get": 1}
   assert elapsed >= 0.020 * sum(ops.values())
+
+
+def test_with_fsync_a_keys_files_reach_the_disk_before_its_marker(
+    tmp_path, monkeypatch):
+  # `--store_fsync`: every file of the item, its directories and the key's
+  # entry are synced before the marker exists; the marker, then its
+  # directory, after. Without it nothing is synced.
+  key = tmp_path / "k"
+  synced = []  # (path, whether the key was committed then)
+  sync = os.fsync
+
+  def recording(fd):
+    synced.append((os.readlink(f"/proc/self/fd/{fd}"),
+                   (key / atomic.COMMIT_MARKER).exists()))
+    sync(fd)
+  monkeypatch.setattr(os, "fsync", recording)
+  atomic.set_fsync(True)
+  try:
+    items.save_tree(key, {"w": np.ones(4, np.float32)})
+  finally:
+    atomic.set_fsync(False)
+  before = {path for path, committed in synced if not committed}
+  files = {str(p) for p in key.rglob("*")
+           if p.name != atomic.COMMIT_MARKER}
+  assert files <= before
+  assert {str(key), str(tmp_path)} <= before
+  assert [path for path, committed in synced if committed] == [str(key)]
+  synced.clear()
+  items.save_tree(tmp_path / "k2", {"w": np.ones(4, np.float32)})
+  assert synced == []

@@ -57,6 +57,12 @@ _INNER_STATE_EVERY = flags.DEFINE_integer(
     "replays up to K - 1 rounds, and the store keeps up to K module "
     "versions (with a delay, one_round or overlap, the anchor is part of "
     "the state and is committed with it).", lower_bound=1)
+_STORE_FSYNC = flags.DEFINE_bool(
+    "store_fsync", False, "Sync a local store's writes to disk before each "
+    "commit marker, so committed keys survive a crashed machine (power, "
+    "kernel), not only killed processes; costs the disk's write time per "
+    "round (docs/reliability.md, the durability policy). No effect on "
+    "gs://, whose uploads are durable when they return.")
 _WORKER_DOWNLOAD_CACHE = flags.DEFINE_float(
     "worker_download_cache_mb", None, "Each local worker's host memory "
     "for its copies of the modules with diloco.download_compression (the "
@@ -80,6 +86,7 @@ def main(argv):
       gpus_per_machine=_GPUS.value,
       link_mbps=_LINK_MBPS.value, link_latency_ms=_LINK_LATENCY.value,
       inner_state_every=_INNER_STATE_EVERY.value,
+      store_fsync=_STORE_FSYNC.value,
       download_cache_mb=_WORKER_DOWNLOAD_CACHE.value,
       slowdown_s={w: float(t) for w, t in (
           item.split(":") for item in _SLOW_WORKERS.value)})

@@ -306,7 +306,7 @@ def _remove(directory) -> None:
 
 def serve(run, poll_s: float = 0.05, timeout_s: float = 24 * 3600.0) -> None:
   spec = layout.RunSpec.load(run)
-  spec.use_link()
+  spec.use_store()
   log = lambda msg: print(f"[coordinator] {msg}", flush=True)
   loop = timeline.LoopOps(run, "coordinator")
   coordinator = Coordinator(run, spec, log, before_done=loop.save)

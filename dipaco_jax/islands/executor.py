@@ -314,7 +314,7 @@ def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
   """Applies outer steps until every owned module reaches the last
   version."""
   spec = layout.RunSpec.load(run)
-  spec.use_link()
+  spec.use_store()
   role = f"executor-{shard}-of-{num_shards}"
   log = lambda msg: print(f"[{role}] {msg}", flush=True)
   executor = Executor(run, spec, owned_modules(spec, shard, num_shards),

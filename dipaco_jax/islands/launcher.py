@@ -51,6 +51,7 @@ class IslandOptions:
   slowdown_s: dict = dataclasses.field(default_factory=dict)  # id -> s
   link_mbps: float = 0.0  # Emulated link of every role (store/link.py).
   link_latency_ms: float = 0.0
+  store_fsync: bool = False  # Sync local store writes (store/atomic.py).
   # Commit the workers' AdamW states every K rounds (RunSpec).
   inner_state_every: int = 1
   # Each local worker's --download_cache_mb; None: the worker's default.
@@ -301,8 +302,10 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
       lease_timeout_s=options.lease_timeout_s,
       link_mbps=options.link_mbps,
       link_latency_ms=options.link_latency_ms,
-      inner_state_every=options.inner_state_every)
+      inner_state_every=options.inner_state_every,
+      store_fsync=options.store_fsync)
   check_spec(run, spec)
+  spec.use_store()  # Version zero is a store write too.
   log = lambda msg: print(f"[{exp.name}] islands: {msg}", flush=True)
   trained_path = run / "TRAINED.json"
   if not trained_path.exists():

@@ -159,6 +159,9 @@ class RunSpec:
   # a task whose start state is not kept replays the rounds since the last
   # commit (`islands/replay.py`). 1 = every round.
   inner_state_every: int = 1
+  # Sync the store's local writes to disk before each commit marker
+  # (store/atomic.py): committed keys then survive a crashed machine.
+  store_fsync: bool = False
 
   def commits_inner(self, round_index: int) -> bool:
     """Whether a task of `round_index` commits its workers' inner states
@@ -174,9 +177,11 @@ class RunSpec:
     k = max(int(self.inner_state_every), 1)
     return (round_index // k) * k
 
-  def use_link(self) -> None:
-    """Puts this process's store transfers on the run's emulated link."""
+  def use_store(self) -> None:
+    """Puts this process's store operations on the run's emulated link and
+    durability."""
     link.set_link(self.link_mbps, self.link_latency_ms)
+    atomic.set_fsync(self.store_fsync)
 
   def config_dict(self) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(self.config)

@@ -319,7 +319,7 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   `download_cache_mb`: host memory for the copies of compressed downloads
   (0: no limit)."""
   spec = layout.RunSpec.load(run, timeout_s=max_idle_s)
-  spec.use_link()
+  spec.use_store()
   log = lambda msg: print(f"[worker {worker_id}] {msg}", flush=True)
   meter = layout.ByteMeter(run, f"worker-{worker_id}")
   runner = TaskRunner(run, spec, meter, slowdown_s, log, trace_dir=(

@@ -12,6 +12,17 @@ for real:
   marker exists, and the marker is written last (`commit`). Readers check
   `is_committed` and never read an uncommitted directory; renaming a
   directory is not atomic on GCS, so there is nothing to rename.
+
+Those rules hold against a killed process: what it wrote sits in the
+operating system's page cache, which outlives it. A crashed machine (power,
+kernel) loses the page cache's unwritten part, and without a sync a commit
+marker can reach the disk before the files it vouches for: a committed key
+with missing data. `set_fsync(True)` adds the sync: a small file is synced
+before its rename and its directory after; a directory of files
+(`sync_tree`) is synced whole before its marker is written. The durability
+policy (docs/reliability.md) says what each setting can lose. On `gs://` an
+upload returns once the object is stored durably, so there is nothing to
+sync and the setting changes nothing.
 """
 
 import io
@@ -27,8 +38,45 @@ from dipaco_jax.store import link
 COMMIT_MARKER = "COMMITTED.json"
 
 
+_durability = {"fsync": False}
+
+
+def set_fsync(on: bool) -> None:
+  """Whether this process syncs local store writes to disk (above)."""
+  _durability["fsync"] = bool(on)
+
+
 def _is_object_store(path: epath.Path) -> bool:
   return str(path).startswith(("gs://", "s3://"))
+
+
+def _syncs(path: epath.Path) -> bool:
+  return _durability["fsync"] and not _is_object_store(path)
+
+
+def _sync(path) -> None:
+  """fsync of a local file or directory."""
+  fd = os.open(os.fspath(path), os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def sync_tree(directory) -> None:
+  """With `set_fsync(True)`, syncs every file and directory under
+  `directory`, then `directory` and its parent (so the key's entry is on
+  disk too); a no-op otherwise and on object stores."""
+  directory = epath.Path(directory)
+  if not _syncs(directory):
+    return
+  for root, dirs, files in os.walk(os.fspath(directory), topdown=False):
+    for name in files:
+      _sync(os.path.join(root, name))
+    for name in dirs:
+      _sync(os.path.join(root, name))
+  _sync(directory)
+  _sync(directory.parent)
 
 
 def _temporary(path: epath.Path) -> epath.Path:
@@ -47,8 +95,14 @@ def write_bytes(path, data: bytes) -> None:
     path.write_bytes(data)
     return
   tmp = _temporary(path)
-  tmp.write_bytes(data)
+  with tmp.open("wb") as f:
+    f.write(data)
+    if _syncs(path):
+      f.flush()
+      os.fsync(f.fileno())
   tmp.replace(path)
+  if _syncs(path):
+    _sync(path.parent)
 
 
 def write_text(path, text: str) -> None:
@@ -77,7 +131,12 @@ def write_npz(path, **arrays: np.ndarray) -> None:
   tmp = _temporary(path)
   with tmp.open("wb") as f:
     np.savez(f, **arrays)
+    if _syncs(path):
+      f.flush()
+      os.fsync(f.fileno())
   tmp.replace(path)
+  if _syncs(path):
+    _sync(path.parent)
 
 
 def commit(directory, meta: dict) -> None:

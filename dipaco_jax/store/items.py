@@ -162,6 +162,7 @@ def save_tree(directory, tree, meta: dict | None = None, *,
     checkpointer.save(directory / ITEM, args=ocp.args.PyTreeSave(
         tree, save_args=jax.tree.map(_chunked, tree)))
   if writes:
+    atomic.sync_tree(directory)  # With set_fsync: data before its marker.
     atomic.commit(directory, {"meta": meta or {}, "leaves": _shapes(tree),
                               "bytes": _nbytes(tree),
                               "stored_bytes": directory_bytes(directory)})
