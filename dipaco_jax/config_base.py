@@ -190,6 +190,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.compression_topk_chunk = 0
   # SparseLoCo's accumulator e <- decay * e + delta; 1 = plain feedback.
   c.diloco.error_feedback_decay = 1.0
+  # How a module's users' decoded contributions are averaged: mean (every
+  # user, its zeros included) | senders (each coordinate over the users
+  # that sent it, SparseLoCo's reference aggregation; for sparse codecs).
+  c.diloco.sparse_aggregate = "mean"
   # What workers read back: the modules' new versions as they are (none),
   # or each module's change since the copy the workers hold, compressed
   # (int8 | int4 | e3m0, per block of compression_block_size; the copy

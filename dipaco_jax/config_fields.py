@@ -177,6 +177,7 @@ _CHOICES = {
     "diloco.compression": ("none", "int8", "int4", "e3m0", "lowrank",
                            "topk"),
     "diloco.download_compression": ("none", "int8", "int4", "e3m0"),
+    "diloco.sparse_aggregate": ("mean", "senders"),
 }
 
 

@@ -73,6 +73,10 @@ def _untyped(config):
      r"6 must be a multiple of diloco.inner_steps=4"),
     ("model.remat", "partial", r"'partial': use none, full or dots"),
     ("routing.replica_shards", "random", r"'random': use iid or kmeans"),
+    ("diloco.sparse_aggregate", "median", r"'median': use mean or senders"),
+    # Senders of a dense payload would drop its zeros (compression none).
+    ("diloco.sparse_aggregate", "senders", r"senders needs sparse "
+     r"contributions \(compression topk\), but slot embed_head uses 'none'"),
 ])
 def test_bad_values_name_the_field(field, value, match):
   config = testing.tiny_config("2x2", inner_steps=4, num_steps=8)

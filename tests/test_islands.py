@@ -159,11 +159,12 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
   assert list((tmp_path / "trace").rglob("*.xplane.pb"))
 
 
-@pytest.mark.parametrize("delay,tau,factor_bits", [
-    ("none", 0, 0), ("one_round", 0, 0), ("overlap", 1, 0),
-    ("overlap", 2, 0), ("none", 0, 4)])
+@pytest.mark.parametrize("delay,tau,factor_bits,codec", [
+    ("none", 0, 0, "int4"), ("one_round", 0, 0, "int4"),
+    ("overlap", 1, 0, "int4"), ("overlap", 2, 0, "int4"),
+    ("none", 0, 4, "int4"), ("none", 0, 0, "topk_senders")])
 def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
-                                                      factor_bits):
+                                                      factor_bits, codec):
   # DiLoCoX on islands (islands/delayed.py: one_round; overlap at tau = 1
   # of H = 2, version 1 applied after round 1's first step, and at tau =
   # H, after its last) and compression for real (islands/wire.py):
@@ -172,12 +173,17 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
   # shared slot low rank (its warm start carried too), and the executors
   # decode them (with factor_bits 4, the low-rank factors as int4 too);
   # against the SPMD runtime's simulation, 2 rounds, every round's inner
-  # state read back from the store.
+  # state read back from the store. topk_senders: every slot top-k with
+  # error feedback, each coordinate averaged over the workers that sent it
+  # (diloco.sparse_aggregate=senders, in the executors too).
   settings = dict(delay=delay, compression="int4", error_feedback=True,
                   compression_block_size=64,
                   per_slot=("shared=compression:lowrank+rank_max:2"
                             f"+factor_bits:{factor_bits}"),
                   overlap_steps=tau)
+  if codec == "topk_senders":
+    settings.update(compression="topk", compression_topk_fraction=0.1,
+                    sparse_aggregate="senders", per_slot="")
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
   spmd = jax.device_get(exp.train().state["outer"]["params"])
   run = tmp_path / "islands"

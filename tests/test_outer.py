@@ -193,3 +193,21 @@ def test_modules_change_only_through_their_paths_and_stay_in_sync(tmp_path):
                 take(a["outer"]["params"][level0], e0))
     assert same(take(a["inner"]["params"][level1], w),
                 take(a["outer"]["params"][level1], e1))
+
+
+def test_senders_mean_averages_each_coordinate_over_its_senders():
+  # Hand-computed: users weighted 0.5, 0.25, 0.25 of module 0 (module 1
+  # unused). Coordinate 0 sent by users 0 and 2: (0.5 * 2 + 0.25 * 2) /
+  # 0.75 = 2 (the dense mean: 1.5); coordinate 2 by user 1 alone: 8 (mean:
+  # 2); coordinate 1 by no one: 0; coordinate 3 by users 0 and 1: 4.
+  c_WxN = jnp.asarray([[2., 0., 0., 4.], [0., 0., 8., 4.], [2., 0., 0., 0.]])
+  a_WxK = jnp.asarray([[0.5, 0.], [0.25, 0.], [0.25, 0.]])
+  users_K = jnp.asarray([3., 0.])
+  mix = lambda aggregate: outer.mix({"s": c_WxN}, ["s"], [a_WxK], [users_K],
+                                    False, [aggregate])["s"]
+  np.testing.assert_allclose(mix("mean"), [[1.5, 0., 2., 3.], [0.] * 4])
+  np.testing.assert_allclose(mix("senders"), [[2., 0., 8., 4.], [0.] * 4])
+  # Without the argument: the mean.
+  np.testing.assert_allclose(
+      outer.mix({"s": c_WxN}, ["s"], [a_WxK], [users_K], False)["s"],
+      mix("mean"))

@@ -8,9 +8,9 @@ module shared by many paths and a path-private one can differ:
 
 A selector is a slot's name or its kind (shared | level | private); a slot
 takes the settings of its name, else of its kind, else the defaults. Keys:
-delay, compression, error_feedback, error_feedback_decay, and the
-compression_* knobs without their prefix (block_size, rank_min, rank_max,
-energy, factor_bits, topk_fraction, topk_chunk).
+delay, compression, error_feedback, error_feedback_decay, sparse_aggregate,
+and the compression_* knobs without their prefix (block_size, rank_min,
+rank_max, energy, factor_bits, topk_fraction, topk_chunk).
 """
 
 import dataclasses
@@ -21,6 +21,7 @@ from dipaco_jax.diloco import compress
 from dipaco_jax.errors import UserError
 
 DELAYS = ("none", "one_round", "lookahead", "eager", "overlap")
+AGGREGATES = ("mean", "senders")  # outer.mix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,8 @@ _SPEC_KEYS = {"compression": "name", "error_feedback": "error_feedback",
               "rank_max": "rank_max", "energy": "energy",
               "factor_bits": "factor_bits",
               "topk_fraction": "topk_fraction", "topk_chunk": "topk_chunk",
-              "error_feedback_decay": "feedback_decay"}
+              "error_feedback_decay": "feedback_decay",
+              "sparse_aggregate": "aggregate"}
 
 
 def _parse_value(field: str, raw: str):
@@ -95,6 +97,10 @@ def _override(base: SlotComm, text: str, selector: str) -> SlotComm:
       raise UserError(
           f"config.diloco.per_slot: {selector}: unknown key {key!r}; use "
           f"delay, {', '.join(_SPEC_KEYS)}.")
+  if spec.get("aggregate", base.spec.aggregate) not in AGGREGATES:
+    raise UserError(f"config.diloco.per_slot: {selector}: sparse_aggregate "
+                    f"{spec['aggregate']!r} is not one of "
+                    f"{', '.join(AGGREGATES)}.")
   if spec.get("name", base.spec.name) not in compress.NAMES:
     raise UserError(f"config.diloco.per_slot: {selector}: compression "
                     f"{spec['name']!r} is not one of "
@@ -170,6 +176,20 @@ def check_config(config) -> None:
       compress.make_codec(slot_comm.spec)
     except ValueError as e:  # Only per_slot values can get here.
       config_fields.fail("diloco.per_slot", f"slot {name}: {e}.")
+    if slot_comm.spec.aggregate == "senders" and slot_comm.spec.name != "topk":
+      # A zero of a dense or quantized payload is a value, not a coordinate
+      # left out: averaging over "senders" would drop it.
+      config_fields.fail(
+          "diloco.sparse_aggregate", f"senders needs sparse contributions "
+          f"(compression topk), but slot {name} uses "
+          f"{slot_comm.spec.name!r}; use mean, or compression=topk.")
+    if slot_comm.spec.aggregate == "senders" and slot_comm.delay in (
+        "eager", "lookahead"):
+      # Their workers' own views assume the plain mean's weights.
+      config_fields.fail(
+          "diloco.sparse_aggregate", f"senders is not built for delay "
+          f"{slot_comm.delay} (slot {name}); use mean, or delay none, "
+          "one_round or overlap.")
 
 
 def _check_overlap(config, delays: set) -> None:

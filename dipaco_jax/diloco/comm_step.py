@@ -240,7 +240,8 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
         comm, anchor_W, x_W, inner, new_inner, name, num_workers)
     bytes_W = bytes_W + slot_bytes_W
     delta_K = outer_lib.mix({name: sent}, (name,), [mixing[s]], [users[s]],
-                            rescale_by_sqrt_users)[name]
+                            rescale_by_sqrt_users,
+                            [comm.spec.aggregate])[name]
     if not comm.delayed:
       b, o = _optimize(tx, bank, opt_state, name, delta_K, users[s] > 0)
       copy_K = b

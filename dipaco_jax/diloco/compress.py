@@ -58,6 +58,7 @@ class CompressionSpec:
   topk_fraction: float = 0.01   # topk: share of entries kept (at least 1)
   topk_chunk: int = 0           # topk: entries per chunk; 0 = whole leaf
   feedback_decay: float = 1.0   # error feedback: residual scale, (0, 1]
+  aggregate: str = "mean"       # mean | senders (outer.mix)
 
 
 def spec_from_config(diloco_config) -> CompressionSpec:
@@ -74,7 +75,8 @@ def spec_from_config(diloco_config) -> CompressionSpec:
       factor_bits=int(get("compression_factor_bits", d.factor_bits)),
       topk_fraction=float(get("compression_topk_fraction", d.topk_fraction)),
       topk_chunk=int(get("compression_topk_chunk", d.topk_chunk)),
-      feedback_decay=float(get("error_feedback_decay", d.feedback_decay)))
+      feedback_decay=float(get("error_feedback_decay", d.feedback_decay)),
+      aggregate=str(get("sparse_aggregate", d.aggregate)))
 
 
 def _size(shape) -> int:

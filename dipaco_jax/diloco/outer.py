@@ -94,21 +94,38 @@ def contributions(outer_bank: dict, inner_params: dict, assignment_WxS,
 
 
 def mix(contribs: dict, slot_names, mixing: list, users: list,
-        rescale_by_sqrt_users: bool) -> dict:
+        rescale_by_sqrt_users: bool, aggregates=None) -> dict:
   """Eq. (2): each module's pseudo-gradient from its users' contributions:
-  {slot: leaves [W, ...]} -> {slot: leaves [K, ...]}."""
+  {slot: leaves [W, ...]} -> {slot: leaves [K, ...]}.
+
+  `aggregates[s]` ("mean" when None): "senders" averages each coordinate
+  over the users whose contribution is nonzero there, with the same
+  weights renormalized (SparseLoCo's reference aggregation of top-k
+  payloads: a coordinate one user of eight sent moves by that user's value,
+  not by an eighth of it); a coordinate no user sent stays 0."""
   deltas = {}
   for s, name in enumerate(slot_names):
     a_WxK = jnp.asarray(mixing[s], jnp.float32)
     users_K = jnp.asarray(users[s], jnp.float32)
     scale_K = (jnp.sqrt(users_K) if rescale_by_sqrt_users
                else (users_K > 0).astype(jnp.float32))
+    senders = aggregates is not None and aggregates[s] == "senders"
 
-    def slot_delta(c_W, a_WxK=a_WxK, scale_K=scale_K):
+    def slot_delta(c_W, a_WxK=a_WxK, scale_K=scale_K, senders=senders):
       # HIGHEST keeps float32 on GPUs, whose default matmul precision would
       # round to TF32.
       mean_K = jnp.einsum("wk,w...->k...", a_WxK, c_W,
                           precision=jax.lax.Precision.HIGHEST)
+      if senders:
+        # The weight of the users that sent each coordinate, against the
+        # weight of all (1 for a used module): the mean over senders.
+        sent_K = jnp.einsum("wk,w...->k...", a_WxK,
+                            (c_W != 0).astype(jnp.float32),
+                            precision=jax.lax.Precision.HIGHEST)
+        total_K = _expand(a_WxK.sum(axis=0), mean_K)
+        mean_K = jnp.where(sent_K > 0,
+                           mean_K * total_K / jnp.where(sent_K > 0, sent_K,
+                                                        1.0), 0.0)
       return mean_K * _expand(scale_K, mean_K)
 
     deltas[name] = jax.tree.map(slot_delta, contribs[name])

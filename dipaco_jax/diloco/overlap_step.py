@@ -35,7 +35,7 @@ def handover(outer: dict, inner: dict, *, comms: dict, assignment_WxS,
     bytes_W = bytes_W + slot_bytes_W
     new_outer["pending"][name] = outer_lib.mix(
         {name: sent}, (name,), [mixing[s]], [users[s]],
-        rescale_by_sqrt_users)[name]
+        rescale_by_sqrt_users, [comms[name].spec.aggregate])[name]
     new_outer["pending_users"][name] = users[s]
     new_inner["handover"][name] = x_W
   new_outer["has_pending"] = jnp.ones((), jnp.int32)

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import downloads as downloads_lib
 from dipaco_jax.islands import layout
@@ -77,7 +78,11 @@ class ModuleStepper:
     self.rescale = bool(config.diloco.rescale_by_sqrt_users)
     self.assignment_WxS = spec.topology().assignment_WxS
     self.weights_W = np.asarray(spec.weights_W, np.float64)
-    self.num_experts = [s.num_experts for s in spec.topology().slots]
+    slots = spec.topology().slots
+    self.num_experts = [s.num_experts for s in slots]
+    # Each slot's aggregation of its users' contributions (outer.mix).
+    self.aggregate = {name: c.spec.aggregate for name, c in
+                      comm_lib.comm_by_slot(config, slots).items()}
     self._step = jax.jit(self._step_fn, static_argnums=0)
     self._mixing = {}
 
@@ -101,7 +106,7 @@ class ModuleStepper:
   def _step_fn(self, slot: str, params, opt_state, contribs_U, a_Ux1,
                users_1):
     deltas = outer_lib.mix({slot: contribs_U}, [slot], [a_Ux1], [users_1],
-                           self.rescale)
+                           self.rescale, [self.aggregate[slot]])
     bank, state = outer_lib.optimize(
         self.tx, {slot: _add_expert_axis(params)},
         {slot: _add_expert_axis(opt_state)}, deltas, {slot: users_1 > 0})

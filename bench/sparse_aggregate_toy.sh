@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# SparseLoCo's aggregation on a CPU toy: DiLoCo x8 of the quickstart model
+# on the embedded corpus, H = 10 (30 rounds), outer averaging; float32
+# contributions against chunked top-k 64/4096 with 2-bit values and error
+# feedback (decay 0.95), averaged over every worker (mean) or over the
+# workers that sent each coordinate (senders). One workdir: the data and
+# the dense base are made once and reused by every arm.
+#   bash bench/sparse_aggregate_toy.sh OUT
+set -uo pipefail
+out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
+common=(--config=experiments/quickstart.py --workdir=$w
+        --config.paths.shape=1x1 --config.paths.num_replicas=8
+        --config.diloco.inner_steps=10 --config.diloco.outer_optimizer=sgd
+        --config.diloco.outer_lr=1.0 --config.diloco.outer_momentum=0.0
+        --config.eval.reroute_every=0 --config.eval.learned_reroute=False)
+topk=(--config.diloco.compression=topk --config.diloco.error_feedback=True
+      --config.diloco.error_feedback_decay=0.95
+      --config.diloco.compression_topk_fraction=0.015625
+      --config.diloco.compression_topk_chunk=4096)
+run() {  # NAME FLAGS...
+  local name=$1; shift
+  python3 -m dipaco_jax.main "${common[@]}" "$@" > "$out/$name.log" 2>&1
+  echo "$name exit $?"
+  sed -n '/^Validation/,/^+-.*$/p' "$out/$name.log" | head -8
+}
+run diloco_x8
+run topk_mean "${topk[@]}"
+run topk_senders "${topk[@]}" --config.diloco.sparse_aggregate=senders
