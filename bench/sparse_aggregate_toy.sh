@@ -3,13 +3,13 @@
 # on the embedded corpus, H = 10 (30 rounds), outer averaging; float32
 # contributions against chunked top-k 64/4096 with 2-bit values and error
 # feedback (decay 0.95), averaged over every worker (mean) or over the
-# workers that sent each coordinate (senders). One workdir: the data and
-# the dense base are made once and reused by every arm.
+# workers that sent each coordinate (senders). The data and the dense base
+# are made once, by the first arm, and copied into the others' workdirs (a
+# workdir refuses a run of other settings).
 #   bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
-common=(--config=experiments/quickstart.py --workdir=$w
-        --config.paths.shape=1x1 --config.paths.num_replicas=8
+common=(--config=experiments/quickstart.py --config.paths.shape=1x1 --config.paths.num_replicas=8
         --config.diloco.inner_steps=10 --config.diloco.outer_optimizer=sgd
         --config.diloco.outer_lr=1.0 --config.diloco.outer_momentum=0.0
         --config.eval.reroute_every=0 --config.eval.learned_reroute=False)
@@ -19,9 +19,18 @@ topk=(--config.diloco.compression=topk --config.diloco.error_feedback=True
       --config.diloco.compression_topk_chunk=4096)
 run() {  # NAME FLAGS...
   local name=$1; shift
-  python3 -m dipaco_jax.main "${common[@]}" "$@" > "$out/$name.log" 2>&1
+  if [[ $name != diloco_x8 ]]; then
+    rm -rf "${w}_$name"; mkdir -p "${w}_$name/runs"
+    cp -r "$w/diloco_x8/data" "${w}_$name/"
+    cp -r "$w/diloco_x8/runs/base" "${w}_$name/runs/"
+    dir=${w}_$name
+  else
+    rm -rf "$w"; mkdir -p "$w"; dir=$w/diloco_x8
+  fi
+  python3 -m dipaco_jax.main "${common[@]}" --workdir="$dir" "$@" \
+    > "$out/$name.log" 2>&1
   echo "$name exit $?"
-  sed -n '/^Validation/,/^+-.*$/p' "$out/$name.log" | head -8
+  sed -n '/^Validation/,+5p' "$out/$name.log" | tail -2
 }
 run diloco_x8
 run topk_mean "${topk[@]}"
