@@ -24,8 +24,8 @@ from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import launcher
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import roles as roles_lib
+from dipaco_jax.islands import task_runner as runner_lib
 from dipaco_jax.islands import timeline
-from dipaco_jax.islands import worker as worker_lib
 from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
@@ -84,7 +84,7 @@ def _islands_in_process(exp, run, paths_per_task, forget=False,
   spec = _spec(exp, paths_per_task, steps_per_dispatch)
   launcher.write_version_zero(run, exp.runtime, None, exp.config.seed)
   spec.save(run)
-  runner = worker_lib.TaskRunner(run, spec, layout.ByteMeter(run, "w"),
+  runner = runner_lib.TaskRunner(run, spec, layout.ByteMeter(run, "w"),
                                  log=lambda _: None, trace_dir=trace_dir)
   with runner.tracer:
     return _run_every_task(exp, run, spec, runner, forget, restart_executor)
@@ -109,7 +109,7 @@ def _run_every_task(exp, run, spec, runner, forget, restart_executor=False):
           runner.prefetch.thread.join()
           runner.prefetch = None
         runner.downloads.forget()
-      runner.run_task(worker_lib.Task(r, group))
+      runner.run_task(runner_lib.Task(r, group))
     assert stepped + executor.poll(likes) == len(executor.modules)
   assert executor.finished()
   return launcher.read_final_bank(run, exp.runtime, spec.num_rounds)
@@ -300,7 +300,7 @@ def test_a_delayed_tasks_phases_add_up_to_its_time(tmp_path, monkeypatch,
                     overlap_steps=1 if delay == "overlap" else 0)
   seen, programs_asked = [], []
   run_delayed = delayed_lib.run_task
-  program = worker_lib.TaskRunner.program
+  program = runner_lib.TaskRunner.program
 
   def asked(self, size):
     programs_asked.append(time.monotonic())
@@ -310,7 +310,7 @@ def test_a_delayed_tasks_phases_add_up_to_its_time(tmp_path, monkeypatch,
     losses, phases = run_delayed(runner, task, program, t0)
     seen.append((t0, time.monotonic() - t0, phases))
     return losses, phases
-  monkeypatch.setattr(worker_lib.TaskRunner, "program", asked)
+  monkeypatch.setattr(runner_lib.TaskRunner, "program", asked)
   monkeypatch.setattr(delayed_lib, "run_task", timed)
   _islands_in_process(exp, tmp_path / "islands", 4)
   assert len(seen) == 2  # Two rounds of one task.
@@ -335,14 +335,14 @@ def test_a_plain_tasks_phases_and_the_outer_steps_phases(tmp_path,
   # steps and writes each unit; both sum to their totals.
   exp = _experiment(tmp_path / "spmd", num_steps=4)
   seen = []
-  run_task = worker_lib.TaskRunner.run_task
+  run_task = runner_lib.TaskRunner.run_task
 
   def timed(self, task):
     t0 = time.monotonic()
     losses = run_task(self, task)
     seen.append((time.monotonic() - t0, dict(self.phases)))
     return losses
-  monkeypatch.setattr(worker_lib.TaskRunner, "run_task", timed)
+  monkeypatch.setattr(runner_lib.TaskRunner, "run_task", timed)
   _islands_in_process(exp, tmp_path / "islands", 4)
   assert len(seen) == 2
   for elapsed, phases in seen:
@@ -386,14 +386,14 @@ def _fresh_store(tmp_path, paths_per_task, num_steps=2):
   spec = _spec(exp, paths_per_task)
   launcher.write_version_zero(run, exp.runtime, None, 0)
   spec.save(run)
-  runner = worker_lib.TaskRunner(run, spec, layout.ByteMeter(run, "w"),
+  runner = runner_lib.TaskRunner(run, spec, layout.ByteMeter(run, "w"),
                                  log=lambda _: None)
   return run, spec, runner
 
 
 def test_rerunning_a_task_writes_nothing_new(tmp_path):
   run, _, runner = _fresh_store(tmp_path, 2)
-  task = worker_lib.Task(0, (0, 1))
+  task = runner_lib.Task(0, (0, 1))
   assert runner.run_task(task)
   key = layout.contrib_dir(run, 0, 0, runner.slot_names[0])
   files = lambda: {p: p.read_bytes()
@@ -405,7 +405,7 @@ def test_rerunning_a_task_writes_nothing_new(tmp_path):
 
 def test_a_half_written_contribution_is_never_used(tmp_path):
   run, spec, runner = _fresh_store(tmp_path, 4)
-  runner.run_task(worker_lib.Task(0, (0, 1, 2, 3)))
+  runner.run_task(runner_lib.Task(0, (0, 1, 2, 3)))
   # Worker 3's contribution to every slot loses its commit marker, as if
   # its writer died between the item and the marker.
   for name in runner.slot_names:

@@ -15,7 +15,7 @@ from dipaco_jax.islands import coordinator as coordinator_lib
 from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import launcher
 from dipaco_jax.islands import layout
-from dipaco_jax.islands import worker as worker_lib
+from dipaco_jax.islands import task_runner as runner_lib
 import test_islands
 
 H = 2  # Inner steps per round (test_islands._experiment's default).
@@ -30,7 +30,7 @@ def _setup(exp, run, every):
 
 
 def _runner(run, spec, name, log=lambda _: None):
-  return worker_lib.TaskRunner(run, spec, layout.ByteMeter(run, name),
+  return runner_lib.TaskRunner(run, spec, layout.ByteMeter(run, name),
                                log=log)
 
 
@@ -45,7 +45,7 @@ def _rounds(exp, run, spec, pick, rounds):
   for r in rounds:
     for g, group in enumerate(spec.groups()):
       executor.poll(likes)
-      pick(r, g).run_task(worker_lib.Task(r, group))
+      pick(r, g).run_task(runner_lib.Task(r, group))
     executor.poll(likes)
   del exp
 
@@ -124,7 +124,7 @@ def test_moved_tasks_replay_and_end_with_the_same_bits(every_round,
   # metadata's few bytes: the keys' files name their paths).
   _check_written(k1_run, run, skipped=(H, 3 * H))
   # A finished task is seen as done without its (absent) inner state.
-  assert runners[0].is_done(worker_lib.Task(2, (0, 1)))
+  assert runners[0].is_done(runner_lib.Task(2, (0, 1)))
   assert coordinator_lib.Coordinator(run, spec, log=lambda _: None
                                      ).frontier == [4, 4]
 

@@ -3,7 +3,8 @@
 Roles (each its own OS process, possibly on its own machine):
 
   worker       runs tasks: H inner steps of a group of paths for one round,
-               then writes their contributions and inner states (worker.py)
+               then writes their contributions and inner states (worker.py
+               takes them, task_runner.py runs one)
   executor     applies the outer step of its modules once every user's
                contribution of a round is committed (executor.py)
   coordinator  turns the run into tasks (round x group of paths), leases

@@ -2,7 +2,7 @@
 
 Every task of the same group size runs one program: its module bank has G
 rows per slot whatever experts the group uses, so tasks of other paths
-reuse the compiled step (`worker.TaskRunner.program` keeps one per size).
+reuse the compiled step (`task_runner.TaskRunner.program` keeps one per size).
 """
 
 import dataclasses

@@ -9,7 +9,7 @@ trace (`perfetto_trace.json.gz`, ui.perfetto.dev; `bench/profile_categories.py`
 sorts its device ops given the step's HLO). A dispatch of
 `train.steps_per_dispatch` steps is traced whole, so the trace may start
 before START and end after the range. The SPMD loop (`train/loop.py`) and
-each island worker (`islands/worker.py`, whose round r runs steps
+each island worker (`islands/task_runner.py`, whose round r runs steps
 r x H + 1 .. (r + 1) x H) use it; tracing changes timing, never a number.
 `train.profile_python = False` leaves the host's Python calls out of the
 trace: their tracing slows the host, so gaps that the host causes look
