@@ -167,7 +167,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.rescale_by_sqrt_users = False  # Paper section 2.7 (multiply).
   # DiLoCoX communication (diloco/comm.py, compress.py). The defaults are
   # plain DiLoCo/DiPaCo, hashed as before these fields existed.
-  # none | one_round | lookahead | eager | overlap
+  # none | one_round | naive | lookahead | eager | overlap
   c.diloco.delay = "none"
   # tau of delay=overlap (Streaming DiLoCo, diloco/overlap_step.py): the
   # outer step of the round ending at step (k+1)H is applied tau inner

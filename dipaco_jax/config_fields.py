@@ -172,7 +172,7 @@ _CHOICES = {
     "eval.window_router_objective": ("expected_nll", "best_path"),
     "inner_opt.name": ("adamw", "sgd"),
     "diloco.outer_optimizer": ("nesterov", "sgd", "adam"),
-    "diloco.delay": ("none", "one_round", "lookahead", "eager",
+    "diloco.delay": ("none", "one_round", "naive", "lookahead", "eager",
                      "overlap"),
     "diloco.compression": ("none", "int8", "int4", "e3m0", "lowrank",
                            "topk"),

@@ -71,6 +71,20 @@ def test_one_round_by_hand():
       (5.5, (5.5, 5.5))]
 
 
+def test_naive_by_hand():
+  # The one_round global steps, but each worker restarts from the global.
+  # Round 0: x = (1, 3), c0 = (-1, -3), D0 = -2 in flight; nothing has
+  #   arrived: g = 0, and the workers restart from it: x = (0, 0).
+  # Round 1: x = (2, -2), c1 = (0 - 2, 0 + 2) = (-2, 2), D1 = 0 in flight;
+  #   D0 arrives: m = -2, g = 2; x = (2, 2).
+  # Round 2: x = (6, 2), c2 = (2 - 6, 2 - 2) = (-4, 0), D2 = -2 in flight;
+  #   D1 arrives: m = 0 + 0.5 * -2 = -1, g = 3; x = (3, 3).
+  # Flush: D2 arrives: m = -2 + 0.5 * -1 = -2.5, g = 5.5; x = (5.5, 5.5).
+  assert _rounds("naive") == [
+      (0.0, (0.0, 0.0)), (2.0, (2.0, 2.0)), (3.0, (3.0, 3.0)),
+      (5.5, (5.5, 5.5))]
+
+
 def test_lookahead_by_hand():
   # The global steps as one_round's (the contributions are the same:
   # PROGRESS ignores the start); each worker starts from the outer step
@@ -223,6 +237,7 @@ def test_islands_refuse_communication_settings_they_do_not_apply(tmp_path):
   from dipaco_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
   for config in (_config(delay="eager"), _config(delay="lookahead"),
+                 _config(delay="naive"),
                  _config(per_slot="level=delay:one_round")):
     with pytest.raises(UserError, match="config.diloco.delay"):
       pipeline.run(config, str(tmp_path),

@@ -20,7 +20,7 @@ from dipaco_jax import paths as paths_lib
 from dipaco_jax.diloco import compress
 from dipaco_jax.errors import UserError
 
-DELAYS = ("none", "one_round", "lookahead", "eager", "overlap")
+DELAYS = ("none", "one_round", "naive", "lookahead", "eager", "overlap")
 AGGREGATES = ("mean", "senders")  # outer.mix
 
 

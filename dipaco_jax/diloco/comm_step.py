@@ -32,6 +32,16 @@ Before round 0's pseudo-gradient arrives nothing is applied. When training
 ends, `flush` applies the round in flight and restarts every worker from
 the global modules.
 
+**Delay** `naive` (the baseline of the eager-updates paper, Kale et al.
+2025: the delayed outer step without any correction). As `one_round`, but
+a worker restarts from the delayed global modules, dropping its own round:
+
+  x_w     <- g^r[e(w)],  a_w^{r+1} = x_w
+
+so each round's progress reaches a worker only through the global step
+that lands one round late; it is the table's lower bound, not a setting to
+train with.
+
 **Delay** `lookahead` (ours; not from a paper). As `one_round`, but a
 worker does not add its own round raw: it predicts the next global
 modules by applying the outer optimizer, with the global modules' own
@@ -266,6 +276,9 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
             tx, b, o, assignment_WxS, s, contribs_W,
             _mix_scale_W(users[s], assignment_WxS[:, s],
                          rescale_by_sqrt_users), x_W)
+      elif comm.delay == "naive":  # The worker's round is dropped.
+        x_W = jax.tree.map(lambda x, g: g.astype(x.dtype), x_W,
+                           _gather(b, assignment_WxS, s))
       else:
         global_W = _gather(b, assignment_WxS, s)
         x_W = jax.tree.map(lambda x, g, a: (x + (g - a)).astype(x.dtype),

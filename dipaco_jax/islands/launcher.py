@@ -261,11 +261,11 @@ def check_config(config, options: IslandOptions | None = None) -> None:
   """What islands cannot run yet, refused before any stage runs."""
   slots = paths_lib.topology_from_config(config).slots
   delays = {c.delay for c in comm_lib.comm_by_slot(config, slots).values()}
-  if delays & {"eager", "lookahead"} or len(delays) > 1:
+  if delays & {"eager", "lookahead", "naive"} or len(delays) > 1:
     raise UserError(
         "config.diloco.delay/per_slot: islands apply one delay to every "
-        "slot, none, one_round or overlap; eager, lookahead and per-slot "
-        "delays are simulated by dipaco_jax.main only.")
+        "slot, none, one_round or overlap; eager, lookahead, naive and "
+        "per-slot delays are simulated by dipaco_jax.main only.")
   if (getattr(config.diloco, "download_compression", "none") != "none"
       and units_lib.num_stages(config) > 1):
     raise UserError(
