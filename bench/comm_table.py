@@ -3,6 +3,7 @@
   python bench/comm_table.py OUT_DIR            # markdown table
   python bench/comm_table.py OUT_DIR --choose   # the combined arm's compressor
   python bench/comm_table.py OUT_DIR --baseline=dipaco_2x2  # comm_dipaco.sh
+  python bench/comm_table.py OUT_DIR --baseline=m2_none --prefix=m2_
 
 Rows: the arms of bench/comm_quality.sh in its order, then any other
 arm found in OUT_DIR (bench/comm_sweep.sh's), by name. `--choose` looks at
@@ -91,13 +92,14 @@ def choose(out: Path) -> str:
   return min(candidates)[3]
 
 
-def table(out: Path, baseline: str = "diloco_x8") -> str:
+def table(out: Path, baseline: str = "diloco_x8", prefix: str = "") -> str:
   base = arm_figures(out, baseline)
   rows = [f"| arm | validation perplexity | vs {baseline} | bytes sent per "
           "worker per round | fewer than float32 | bytes read back per "
           "worker per round | sent + read, fewer than float32 | train loss "
           "(last 10%) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-  names = arm_names(out)  # The baseline's row first.
+  names = [n for n in arm_names(out) if n.startswith(prefix)]
+  # The baseline's row first.
   for name in sorted(names, key=lambda n: n != baseline):
     f = arm_figures(out, name)
     if f is None:
@@ -124,8 +126,11 @@ def main():
   parser.add_argument("--choose", action="store_true")
   parser.add_argument("--baseline", default="diloco_x8",
                       help="the arm the others are compared with")
+  parser.add_argument("--prefix", default="",
+                      help="only the arms whose names start with it")
   args = parser.parse_args()
-  print(choose(args.out) if args.choose else table(args.out, args.baseline))
+  print(choose(args.out) if args.choose
+        else table(args.out, args.baseline, args.prefix))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The eager-updates paper's table (Kale, Douillard, Donchev 2025), scaled
+# down: DiLoCo's outer step with no delay, the naive delay (workers restart
+# from the delayed global), our one_round (workers keep their own round)
+# and eager (each worker's own fresh share applied at once), at M = 2 and
+# M = 8 replicas, on experiments/diloco.py's 8.4M model (docs/
+# communication.md). The paper's regime: short rounds (H = 15 here, it used
+# 15-30), many of them (150 rounds = 2250 steps). Every arm runs the
+# default outer Nesterov 0.7 / 0.9 (fixed before the run: one outer
+# optimizer for all rows, as a user would get), from one dense base and
+# one tokenized corpus. Arms: m{2,8}_{none,naive,one_round,eager}.
+#
+# Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
+#        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
+# Tables: OUT_DIR/summary.md (one per M, against that M's no-delay arm);
+# arms packed in OUT_DIR/arms.tgz (PRIOR=that file resumes on a fresh
+# machine, bench/comm_arms_lib.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?OUT_DIR}; work=${2:-/tmp/delay_table}
+read -r -a model <<< "${MODEL:-}"
+# shellcheck source=bench/comm_arms_lib.sh
+source bench/comm_arms_lib.sh
+setup_arms delay_table experiments/diloco.py 150000000 \
+  --config.train.num_steps=${STEPS:-2250} \
+  --config.diloco.inner_steps=${H:-15} "${model[@]}"
+d=--config.diloco
+declare -A ARMS=()
+for m in 2 8; do
+  r="--config.paths.num_replicas=$m"
+  ARMS[m${m}_none]="$r"
+  ARMS[m${m}_naive]="$r $d.delay=naive"
+  ARMS[m${m}_one_round]="$r $d.delay=one_round"
+  ARMS[m${m}_eager]="$r $d.delay=eager"
+done
+# shellcheck disable=SC2086
+base=_stages run_lanes ${NAMES:-m2_none m2_naive m2_one_round m2_eager \
+  m8_none m8_naive m8_one_round m8_eager}
+{ for m in 2 8; do
+    echo "### M = $m"; echo
+    python3 bench/comm_table.py "$arms" --baseline=m${m}_none --prefix=m${m}_
+    echo
+  done
+} > "$out/summary.md"
+tar czf "$out/arms.tgz" -C "$arms" .
+cat "$out/summary.md"
