@@ -174,14 +174,16 @@ def base_config() -> ml_collections.ConfigDict:
   # steps later, 1 <= tau <= H (tau = H is one_round's rule); 0 = not
   # used (only delay=overlap takes it), so no default tau is hashed.
   c.diloco.overlap_steps = 0
-  c.diloco.compression = "none"  # none | int8 | int4 | e3m0 | lowrank | topk
+  # none | int8 | int4 | e3m0 | lowrank | lowrank_shared | topk
+  c.diloco.compression = "none"
   c.diloco.error_feedback = False  # Keep what compression drops, per worker.
   c.diloco.compression_block_size = 256  # int codes (factors too): per scale.
   # lowrank: the adaptive rank's bounds, the share of its rank_max
   # approximation's energy kept, and its factors' bits (0 = float32; 8 or
   # 4 = int blocks, DiLoCoX's low rank + int4).
   c.diloco.compression_rank_min = 1  # lowrank: lowest rank.
-  c.diloco.compression_rank_max = 32  # lowrank: highest rank.
+  # lowrank: highest rank; lowrank_shared: its (fixed) rank.
+  c.diloco.compression_rank_max = 32
   c.diloco.compression_energy = 0.9  # lowrank: energy share kept.
   c.diloco.compression_factor_bits = 0  # lowrank: 0 | 8 | 4.
   c.diloco.compression_topk_fraction = 0.01  # topk: share of entries sent.

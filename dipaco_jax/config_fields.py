@@ -175,7 +175,7 @@ _CHOICES = {
     "diloco.delay": ("none", "one_round", "naive", "lookahead", "eager",
                      "overlap"),
     "diloco.compression": ("none", "int8", "int4", "e3m0", "lowrank",
-                           "topk"),
+                           "lowrank_shared", "topk"),
     "diloco.download_compression": ("none", "int8", "int4", "e3m0"),
     "diloco.sparse_aggregate": ("mean", "senders"),
 }

@@ -209,15 +209,18 @@ def test_identity_compressor_with_feedback_matches_the_plain_step():
 def test_a_round_in_flight_survives_a_kill(tmp_path):
   # Every kind of state the communication adds, in one run: one_round with
   # a warm-started low rank and its residuals on the level slots (lookahead
-  # on the first), eager with int4 on the shared embedding.
+  # on the first, the subspace shared by each module's users on the
+  # second), eager with int4 on the shared embedding.
   config = _config(delay="one_round", compression="lowrank",
                    compression_rank_max=4, error_feedback=True,
                    per_slot="shared=delay:eager+compression:int4;"
-                   "layers_00_01=delay:lookahead")
+                   "layers_00_01=delay:lookahead;"
+                   "layers_02_03=compression:lowrank_shared")
   runtime = testing.tiny_runtime(config)
   assert {"anchor", "residual", "codec_state", "prev_sent", "eager_opt",
           "sent_bytes_W"} <= set(runtime.abstract_state["inner"])
   assert runtime.comms["layers_00_01"].delay == "lookahead"
+  assert runtime.comms["layers_02_03"].spec.name == "lowrank_shared"
   # Killed after step 5: the checkpoint of step 4 holds round 1 in flight.
   state = testing.assert_resume_is_exact(functools.partial(_train, config),
                                          tmp_path, die_after=5,
@@ -238,8 +241,10 @@ def test_islands_refuse_communication_settings_they_do_not_apply(tmp_path):
   from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
   for config in (_config(delay="eager"), _config(delay="lookahead"),
                  _config(delay="naive"),
-                 _config(per_slot="level=delay:one_round")):
-    with pytest.raises(UserError, match="config.diloco.delay"):
+                 _config(per_slot="level=delay:one_round"),
+                 _config(compression="lowrank_shared")):
+    with pytest.raises(UserError, match="config.diloco.delay|"
+                       "config.diloco.compression: lowrank_shared"):
       pipeline.run(config, str(tmp_path),
                    islands=launcher.IslandOptions(num_workers=1))
     assert not any(tmp_path.iterdir())  # Refused before anything is written.

@@ -128,6 +128,7 @@ import optax
 
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import compress_apply
+from dipaco_jax.diloco import compress_shared
 from dipaco_jax.diloco import download
 from dipaco_jax.diloco import outer as outer_lib
 
@@ -191,26 +192,32 @@ def init_extra(comms: dict, inner_params: dict, bank: dict,
   return inner, outer
 
 
-def _send(comm, contribs_W, inner: dict, name: str, num_workers: int):
+def _send(comm, contribs_W, inner: dict, name: str, num_workers: int,
+          a_WxK, experts_W):
   """What the slot's workers send: (sent, residual, codec state, bytes)."""
   residual = inner.get("residual", {}).get(name)
   state = inner.get("codec_state", {}).get(name)
   if comm.spec.name == "none" and not comm.spec.error_feedback:
     return contribs_W, residual, state, _tree_bytes_W(contribs_W,
                                                       num_workers)
+  if comm.spec.name == "lowrank_shared":  # A module's users encode together.
+    return compress_shared.compress_tree(comm.spec, contribs_W, residual,
+                                         state, a_WxK, experts_W)
   codec = compress.make_codec(comm.spec)
   return compress_apply.compress_tree(codec, contribs_W, residual, state)
 
 
 def contribute(comm, anchor_W, x_W, inner: dict, new_inner: dict,
-               name: str, num_workers: int):
+               name: str, num_workers: int, a_WxK, experts_W):
   """c_w = a_w - x_w and what the slot's workers send of it: (c, sent,
-  bytes_W); sets the slot's new residual and codec state in `new_inner`."""
+  bytes_W); sets the slot's new residual and codec state in `new_inner`.
+  `a_WxK` (the slot's mixing weights) and `experts_W` (each worker's
+  module) are what a codec shared by a module's users needs."""
   contribs_W = jax.tree.map(
       lambda a, x: a.astype(jnp.float32) - x.astype(jnp.float32),
       anchor_W, x_W)
   sent, residual, codec_state, bytes_W = _send(
-      comm, contribs_W, inner, name, num_workers)
+      comm, contribs_W, inner, name, num_workers, a_WxK, experts_W)
   if residual is not None:
     new_inner["residual"][name] = residual
   if codec_state is not None:
@@ -247,7 +254,8 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
     x_W = inner["params"][name]
     anchor_W = inner["anchor"][name] if comm.delayed else start[name]
     contribs_W, sent, slot_bytes_W = contribute(
-        comm, anchor_W, x_W, inner, new_inner, name, num_workers)
+        comm, anchor_W, x_W, inner, new_inner, name, num_workers, mixing[s],
+        assignment_WxS[:, s])
     bytes_W = bytes_W + slot_bytes_W
     delta_K = outer_lib.mix({name: sent}, (name,), [mixing[s]], [users[s]],
                             rescale_by_sqrt_users,

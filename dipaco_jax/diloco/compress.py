@@ -12,7 +12,11 @@ leaf into a payload of a few arrays:
            block, absmax * sign * 2^(e - 7) for e in 1..7, or 0 for e = 0.
   lowrank  PowerSGD, warm-started, adaptive rank (compress_lowrank.py);
            with factor_bits 8 or 4 its factors go as int8/int4 blocks
-           (DiLoCoX's "low rank + int4").
+           (DiLoCoX's "low rank + int4"). A subspace per worker.
+  lowrank_shared  PowerSGD as published: one subspace per module, agreed
+           by its users in two exchanges, fixed rank; it needs the
+           module's users, so it is applied by compress_shared.py, not
+           leaf by leaf here.
   topk     SparseLoCo: the k largest |x|, each as 2 bits (sign, and which of
            two per-leaf magnitudes); with topk_chunk > 0, per chunk of that
            many entries, indices inside the chunk (compress_topk.py).
@@ -42,7 +46,8 @@ import numpy as np
 from dipaco_jax.diloco import compress_lowrank as lowrank
 from dipaco_jax.diloco import compress_topk
 
-NAMES = ("none", "int8", "int4", "e3m0", "lowrank", "topk")
+NAMES = ("none", "int8", "int4", "e3m0", "lowrank", "lowrank_shared",
+         "topk")
 
 @dataclasses.dataclass(frozen=True)
 class CompressionSpec:
@@ -365,8 +370,23 @@ class _LowRankCodec(Codec):
     return lowrank.untrim(trimmed, shape, self.spec.rank_max)
 
 
+class _SharedLowRankCodec(Codec):
+  """`lowrank_shared`'s state (each worker's copy of its module's warm
+  start); its encoding needs every user of the module at once
+  (compress_shared.compress_tree), so a worker alone cannot run it."""
+  stateful = True
+
+  def init_state(self, x):
+    return lowrank.init_state(x.shape, self.spec.rank_max)
+
+  def encode(self, x, state):
+    raise ValueError("lowrank_shared encodes a module's users together: "
+                     "use diloco/compress_shared.compress_tree")
+
+
 _CODECS = {"none": Codec, "int8": _IntCodec, "int4": _Int4Codec,
-           "e3m0": _E3M0Codec, "lowrank": _LowRankCodec, "topk": _TopKCodec}
+           "e3m0": _E3M0Codec, "lowrank": _LowRankCodec,
+           "lowrank_shared": _SharedLowRankCodec, "topk": _TopKCodec}
 
 
 def make_codec(spec: CompressionSpec) -> Codec:

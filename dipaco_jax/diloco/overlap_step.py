@@ -31,7 +31,7 @@ def handover(outer: dict, inner: dict, *, comms: dict, assignment_WxS,
     x_W = inner["params"][name]
     _, sent, slot_bytes_W = comm_step.contribute(
         comms[name], inner["anchor"][name], x_W, inner, new_inner, name,
-        num_workers)
+        num_workers, mixing[s], assignment_WxS[:, s])
     bytes_W = bytes_W + slot_bytes_W
     new_outer["pending"][name] = outer_lib.mix(
         {name: sent}, (name,), [mixing[s]], [users[s]],

@@ -266,6 +266,12 @@ def check_config(config, options: IslandOptions | None = None) -> None:
         "config.diloco.delay/per_slot: islands apply one delay to every "
         "slot, none, one_round or overlap; eager, lookahead, naive and "
         "per-slot delays are simulated by dipaco_jax.main only.")
+  if any(c.spec.name == "lowrank_shared" for c in comm_lib.comm_by_slot(
+      config, slots).values()):
+    raise UserError(
+        "config.diloco.compression: lowrank_shared needs two exchanges "
+        "inside a round, which islands do not make yet; use lowrank or "
+        "topk, or run it with dipaco_jax.main.")
   if (getattr(config.diloco, "download_compression", "none") != "none"
       and units_lib.num_stages(config) > 1):
     raise UserError(
