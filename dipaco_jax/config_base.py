@@ -167,6 +167,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.rescale_by_sqrt_users = False  # Paper section 2.7 (multiply).
   # DiLoCoX communication (diloco/comm.py, compress.py). The defaults are
   # plain DiLoCo/DiPaCo, hashed as before these fields existed.
+  # A recipe by name that fills the fields below left at their defaults
+  # (diloco/presets.py): streaming | dilocox | sparseloco; "" = none.
+  c.diloco.preset = ""
   # none | one_round | naive | lookahead | eager | overlap
   c.diloco.delay = "none"
   # tau of delay=overlap (Streaming DiLoCo, diloco/overlap_step.py): the

@@ -178,6 +178,7 @@ _CHOICES = {
                            "lowrank_shared", "topk"),
     "diloco.download_compression": ("none", "int8", "int4", "e3m0"),
     "diloco.sparse_aggregate": ("mean", "senders"),
+    "diloco.preset": ("", "streaming", "dilocox", "sparseloco"),
 }
 
 

@@ -30,6 +30,7 @@ from dipaco_jax import config_base
 from dipaco_jax import paths as paths_lib
 from dipaco_jax import report as report_lib
 from dipaco_jax.data import prepare
+from dipaco_jax.diloco import presets
 from dipaco_jax.eval import early_stopping as early_stopping_lib
 from dipaco_jax.eval import routed
 from dipaco_jax.model import bank as bank_lib
@@ -59,6 +60,7 @@ def run(config, workdir: str, islands=None) -> dict:
   every invocation adds up in `{workdir}/wall_time.json`. With `islands`
   (`islands.launcher.IslandOptions`) its multi-worker runs train as
   separate processes exchanging modules through a store."""
+  presets.apply(config)  # A no-op after check_config, which announced it.
   if islands is not None:
     from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
     launcher.check_config(config, islands)
@@ -83,7 +85,9 @@ def run(config, workdir: str, islands=None) -> dict:
 
 
 def check_config(config) -> None:
-  """Validates the config and the runs derived from it, before compute."""
+  """Validates the config and the runs derived from it, before compute;
+  applies its `diloco.preset` and prints what it set and any warning."""
+  presets.announce(config)
   devices = jax.device_count()
   config_base.validate(config, devices)
   derived = []

@@ -86,7 +86,8 @@ _COMM_FIELDS = ("delay", "compression", "error_feedback",
                 "compression_factor_bits",
                 "compression_topk_fraction", "compression_topk_chunk",
                 "sparse_aggregate",
-                "error_feedback_decay", "per_slot", "overlap_steps")
+                "error_feedback_decay", "per_slot", "overlap_steps",
+                "preset")
 
 
 def _hash(fields: dict) -> str:

@@ -1,0 +1,103 @@
+"""diloco.preset fills the fields left at their defaults and keeps the
+user's; the warnings name the settings measured to do badly, and no preset
+draws one."""
+
+import pytest
+
+from dipaco_jax import config_base
+from dipaco_jax import testing
+from dipaco_jax.diloco import presets
+
+
+def _config(**diloco):
+  config = testing.comm_config(**diloco)
+  config.diloco.inner_steps = 20
+  config.train.num_steps = 40
+  return config
+
+
+def test_sparseloco_fills_its_fields_and_keeps_the_users():
+  config = _config(preset="sparseloco", compression_topk_fraction=0.03)
+  lines = presets.apply(config)
+  d = config.diloco
+  assert (d.compression, d.compression_topk_chunk, d.error_feedback,
+          d.error_feedback_decay, d.sparse_aggregate) == (
+              "topk", 4096, True, 0.95, "senders")
+  assert (d.outer_optimizer, d.outer_lr, d.outer_momentum) == ("sgd", 1.0,
+                                                               0.0)
+  assert d.compression_topk_fraction == 0.03  # The user's, kept.
+  assert d.preset == ""  # Applied: the fields say what the run is.
+  assert lines == [
+      "diloco.preset=sparseloco: set compression=topk, "
+      "compression_topk_chunk=4096, error_feedback=True, "
+      "error_feedback_decay=0.95, sparse_aggregate=senders, "
+      "outer_optimizer=sgd, outer_lr=1, outer_momentum=0; kept your "
+      "compression_topk_fraction=0.03"]
+  assert presets.apply(config) == []  # Once.
+  config_base.validate(config, 1)
+
+
+def test_streaming_overlaps_a_tenth_of_a_round():
+  config = _config(preset="streaming")
+  presets.apply(config)
+  d = config.diloco
+  assert (d.delay, d.overlap_steps, d.compression, d.error_feedback,
+          d.download_compression) == ("overlap", 2, "int4", True, "int4")
+  short = _config(preset="streaming")
+  short.diloco.inner_steps = 5
+  presets.apply(short)
+  assert short.diloco.overlap_steps == 1  # At least one step.
+
+
+@pytest.mark.parametrize("name", ["streaming", "dilocox", "sparseloco"])
+def test_no_preset_draws_a_warning(name):
+  config = _config(preset=name)
+  presets.apply(config)
+  config_base.validate(config, 1)
+  assert presets.warnings(config) == []
+
+
+def test_bad_presets_are_refused_naming_the_field():
+  with pytest.raises(config_base.ConfigError,
+                     match="config.diloco.preset: 'powersgd' is not one of"):
+    presets.apply(_config(preset="powersgd"))
+  dense = testing.tiny_config()
+  dense.diloco.preset = "dilocox"
+  with pytest.raises(config_base.ConfigError,
+                     match="config.diloco.preset: .*inner_steps > 0"):
+    presets.apply(dense)
+
+
+def test_warnings_name_what_was_measured_to_do_badly():
+  assert presets.warnings(_config()) == []
+  late = presets.warnings(_config(delay="one_round"))
+  assert len(late) == 1 and "outer_lr=1.0" in late[0]
+  assert presets.warnings(_config(delay="one_round", outer_lr=1.0)) == []
+  long_rounds = _config(delay="one_round", outer_lr=1.0)
+  long_rounds.diloco.inner_steps = 500
+  long_rounds.train.num_steps = 1000
+  assert "diverged at H = 500" in presets.warnings(long_rounds)[0]
+  assert "lower bound" in presets.warnings(
+      _config(delay="naive", outer_lr=1.0))[0]
+  topk = _config(compression="topk", error_feedback=True)
+  assert "sparse_aggregate=senders" in presets.warnings(topk)[0]
+  topk.diloco.sparse_aggregate = "senders"
+  assert presets.warnings(topk) == []
+  assert "diverged at rank 1-2" in presets.warnings(
+      _config(compression="lowrank", error_feedback=True))[0]
+  # A per-slot setting counts too.
+  assert presets.warnings(_config(per_slot="level=compression:topk"))
+
+
+def test_check_config_announces_on_stderr(capsys):
+  from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
+  config = _config(preset="dilocox")
+  pipeline.check_config(config)
+  err = capsys.readouterr().err.splitlines()
+  assert err == ["diloco.preset=dilocox: set delay=one_round, outer_lr=1, "
+                 "compression=int4, error_feedback=True"]
+  config = _config(delay="one_round")
+  pipeline.check_config(config)
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 1 and err[0].startswith("warning: delay one_round at "
+                                             "outer lr 0.7")
