@@ -73,6 +73,18 @@
 #   int4_ef_down_e3m0     the same with the change read back in e3m0
 #   overlap_tau5_int4_ef_down_int4  (built after that run, not run)
 #                         overlap at tau = 5 with int4 both ways
+# The reference aggregation and PowerSGD's shared subspace (2026-11-29,
+# the 42M model above, NAMES="sparseloco_senders lowrank_shared_int4_ef";
+# fixed before the run, not chosen):
+#   sparseloco_senders    sparseloco, each coordinate averaged over the
+#                         workers that sent it (diloco.sparse_aggregate)
+#   lowrank_shared_int4_ef  one rank-24 subspace per module shared by its
+#                         users (compression=lowrank_shared), int4 factors
+#                         (about 100x fewer bytes at 42M),
+#                         plain error feedback, outer averaging as
+#                         sparseloco (PowerSGD pairs feedback with plain
+#                         averaging; under Nesterov the per-worker arm
+#                         diverged)
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # The data and the dense base are built once (a 1-step run), then
@@ -101,6 +113,8 @@ declare -A ARMS=(
   [one_round_m06]="$d.delay=one_round $d.outer_momentum=0.6"
   [one_round_lr05]="$d.delay=one_round $d.outer_lr=0.5 $d.outer_momentum=0.8"
   [sparseloco]="$topkc $d.error_feedback_decay=0.95 $avg"
+  [sparseloco_senders]="$topkc $d.error_feedback_decay=0.95 $avg $d.sparse_aggregate=senders"
+  [lowrank_shared_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=24 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [topkc_ef]="$topkc"
   [one_round_sparseloco]="$d.delay=one_round $topkc $d.error_feedback_decay=0.95 $avg"
   [one_round_lr1]="$d.delay=one_round $d.outer_lr=1.0"
