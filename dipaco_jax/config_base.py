@@ -58,6 +58,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.max_doc_chars = 4000  # Longer files become several documents.
   c.data.max_corpus_chars = 0  # 0 = whole corpus; else a deterministic cap.
   c.data.validation_fraction = 0.05  # Share of files held out (by hash).
+  # For choosing settings: the validation files are left out and the same
+  # share of the training files is held out and scored instead (another
+  # hash), so the real validation set is never looked at while choosing.
+  c.data.selection_split = False
   c.data.max_documents = 0  # c4 only: documents read per split (0 = all).
   c.data.vocab_size = 4096  # SentencePiece vocabulary trained on train split.
   c.data.tokenizer_model = ""  # Use this .model file instead of training.

@@ -87,6 +87,26 @@ def test_stdlib_split_is_deterministic_and_disjoint():
   assert corpus_manifest.corpus_fingerprint(c) != corpus_manifest.corpus_fingerprint(a)
 
 
+def test_selection_split_never_holds_a_validation_document():
+  real = corpora.python_stdlib_documents(20_000, 0.2,
+                                         max_corpus_chars=2_000_000)
+  chosen = corpora.selection_split(real, 0.2)
+  units = {s: {corpora.unit_of(d.doc_id) for d in docs}
+           for s, docs in chosen.items()}
+  real_units = {s: {corpora.unit_of(d.doc_id) for d in docs}
+                for s, docs in real.items()}
+  # Both of its splits are made of training files, whole, and disjoint.
+  assert units['train'] | units['validation'] == real_units['train']
+  assert not units['train'] & units['validation']
+  assert not (units['train'] | units['validation']) & real_units['validation']
+  assert sorted(chosen['train'] + chosen['validation']) == sorted(
+      real['train'])
+  share = len(units['validation']) / len(real_units['train'])
+  assert 0.1 < share < 0.3
+  # Not the real split's hash: another set of files is held out.
+  assert corpora.selection_split(real, 0.2) == chosen
+
+
 def test_stdlib_chunks_of_a_file_give_back_the_file():
   import sysconfig  # pylint: disable=g-import-not-at-top
   splits = corpora.python_stdlib_documents(3000, 0.5)

@@ -89,6 +89,27 @@ def _split_of(name: str, validation_fraction: float) -> str:
   return 'train'
 
 
+def _selection_fraction(unit: str) -> float:
+  """A second fixed number in [0, 1) per unit, independent of the split's
+  (other bytes of the digest), for `selection_split`."""
+  digest = hashlib.sha256(unit.encode('utf-8')).digest()
+  return int.from_bytes(digest[16:24], 'big') / 2.0**64
+
+
+def selection_split(splits: dict[str, list[Document]],
+                    validation_fraction: float) -> dict[str, list[Document]]:
+  """The split to choose settings on without the validation set: its
+  documents are left out, and a `validation_fraction` share of the
+  training units (files, `.jsonl` lines) is held out in its place, whole,
+  by another hash. Models compared on it never see the validation set, and
+  the final run is scored on the real one."""
+  out = {'train': [], 'validation': []}
+  for doc in splits['train']:
+    held_out = _selection_fraction(unit_of(doc.doc_id)) < validation_fraction
+    out['validation' if held_out else 'train'].append(doc)
+  return out
+
+
 def chunk_text(text: str, max_doc_chars: int) -> list[str]:
   """Splits `text` into chunks of at most `max_doc_chars` characters.
 

@@ -44,7 +44,7 @@ _SHOW_SKIPPED = 5  # File names listed in a `[data] skipped` line.
 DATA_STAGE_FIELDS = (
     "corpus", "text_glob", "text_field", "max_doc_chars", "max_corpus_chars",
     "validation_fraction", "max_documents", "vocab_size", "tokenizer_model",
-    "tokenizer_max_sentences")
+    "tokenizer_max_sentences", "selection_split")
 
 
 @dataclasses.dataclass
@@ -65,7 +65,9 @@ def _short_hash(obj) -> str:
 
 
 def _config_key(data_config) -> str:
-  fields = {k: data_config[k] for k in DATA_STAGE_FIELDS}
+  fields = {k: data_config.get(k, False) for k in DATA_STAGE_FIELDS}
+  if not fields["selection_split"]:  # Data stages from before it: reused.
+    del fields["selection_split"]
   fields["format"] = _FORMAT
   return _short_hash(fields)
 
@@ -122,7 +124,15 @@ def corpus_inputs(data_config, previous: dict) -> tuple[dict, dict]:
 
 
 def read_corpus(data_config) -> tuple[dict, corpora.Reading | None]:
-  """The documents of each split and what reading found (None for c4)."""
+  """The documents of each split and what reading found (None for c4);
+  with `data.selection_split`, the split made of training files only."""
+  splits, reading = _read_splits(data_config)
+  if data_config.get("selection_split", False):
+    splits = corpora.selection_split(splits, data_config.validation_fraction)
+  return splits, reading
+
+
+def _read_splits(data_config) -> tuple[dict, corpora.Reading | None]:
   d = data_config
   if d.corpus == "python_stdlib":
     return corpora.read_python_stdlib(d.max_doc_chars, d.validation_fraction,

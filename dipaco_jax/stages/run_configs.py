@@ -45,7 +45,8 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
   if not keep["train"].get("merge_layer_slots", False):
     keep["train"].pop("merge_layer_slots", None)
   keep["data"] = {k: v for k, v in keep["data"].items()
-                  if k not in data_not_hashed}
+                  if k not in data_not_hashed
+                  and not (k == "selection_split" and not v)}
   # DiLoCoX's fields enter only when set: a plain DiLoCo/DiPaCo run keeps
   # the hash (and the checkpoints) it had before they existed.
   defaults = config_base.base_config().diloco
