@@ -9,6 +9,10 @@
 # default outer Nesterov 0.7 / 0.9 (fixed before the run: one outer
 # optimizer for all rows, as a user would get), from one dense base and
 # one tokenized corpus. Arms: m{2,8}_{none,naive,one_round,eager}.
+# Then (after the first call, 2026-11-29, fixed from the delays' earlier
+# outer-lr sweeps at H = 50, not from this table's validation numbers):
+# m{2,8}_one_round_lr1 (outer lr 1.0) and m{2,8}_eager_lr035 (outer lr
+# 0.35), with NAMES="m2_none m8_none m2_one_round_lr1 ...".
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
@@ -32,6 +36,8 @@ for m in 2 8; do
   ARMS[m${m}_naive]="$r $d.delay=naive"
   ARMS[m${m}_one_round]="$r $d.delay=one_round"
   ARMS[m${m}_eager]="$r $d.delay=eager"
+  ARMS[m${m}_one_round_lr1]="$r $d.delay=one_round $d.outer_lr=1.0"
+  ARMS[m${m}_eager_lr035]="$r $d.delay=eager $d.outer_lr=0.35"
 done
 # shellcheck disable=SC2086
 base=_stages run_lanes ${NAMES:-m2_none m2_naive m2_one_round m2_eager \
