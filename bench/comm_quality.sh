@@ -60,7 +60,7 @@ declare -A ARMS=(
   [e3m0]="$d.compression=e3m0"
   [lowrank_ef]="$d.compression=lowrank $d.error_feedback=True $d.compression_rank_max=2"
   [lowrank_int4_ef]="$d.compression=lowrank $d.error_feedback=True $d.compression_rank_max=20 $d.compression_energy=1.0 $d.compression_factor_bits=4 $d.error_feedback_decay=0.9"
-  [topk_ef]="$d.compression=topk $d.error_feedback=True $d.compression_topk_fraction=0.015625 $d.compression_topk_chunk=4096"
+  [topk_ef]="$d.compression=topk $d.error_feedback=True $d.compression_topk_fraction=0.015625 $d.compression_topk_chunk=4096 $d.sparse_aggregate=mean"
   [overlap_tau5]="$d.delay=overlap $d.overlap_steps=5"
   [overlap_tau5_int4_ef]="$d.delay=overlap $d.overlap_steps=5 $int4"
 )

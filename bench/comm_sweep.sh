@@ -103,17 +103,21 @@ setup_arms comm_sweep experiments/diloco.py 150000000 \
   --config.train.num_steps=${STEPS:-1500} "${model[@]}"
 d=--config.diloco
 avg="$d.outer_optimizer=sgd $d.outer_lr=1.0 $d.outer_momentum=0"
+# The top-k arms before 2026-11-29 averaged with the mean (then the
+# default); sparseloco_senders sets senders (the default since).
 topkc="$d.compression=topk $d.compression_topk_chunk=4096
-       $d.compression_topk_fraction=0.015625 $d.error_feedback=True"
+       $d.compression_topk_fraction=0.015625 $d.error_feedback=True
+       $d.sparse_aggregate=mean"
 topk16="$d.compression=topk $d.compression_topk_chunk=4096
-        $d.compression_topk_fraction=0.0625 $d.error_feedback=True"
+        $d.compression_topk_fraction=0.0625 $d.error_feedback=True
+        $d.sparse_aggregate=mean"
 declare -A ARMS=(
   [diloco_x8]=""
   [one_round_avg]="$d.delay=one_round $avg"
   [one_round_m06]="$d.delay=one_round $d.outer_momentum=0.6"
   [one_round_lr05]="$d.delay=one_round $d.outer_lr=0.5 $d.outer_momentum=0.8"
   [sparseloco]="$topkc $d.error_feedback_decay=0.95 $avg"
-  [sparseloco_senders]="$topkc $d.error_feedback_decay=0.95 $avg $d.sparse_aggregate=senders"
+  [sparseloco_senders]="${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg"
   [lowrank_shared_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=24 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [topkc_ef]="$topkc"
   [one_round_sparseloco]="$d.delay=one_round $topkc $d.error_feedback_decay=0.95 $avg"

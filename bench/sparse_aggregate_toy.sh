@@ -33,5 +33,5 @@ run() {  # NAME FLAGS...
   sed -n '/^Validation/,+5p' "$out/$name.log" | tail -2
 }
 run diloco_x8
-run topk_mean "${topk[@]}"
+run topk_mean "${topk[@]}" --config.diloco.sparse_aggregate=mean
 run topk_senders "${topk[@]}" --config.diloco.sparse_aggregate=senders

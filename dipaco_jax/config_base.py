@@ -199,10 +199,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.compression_topk_chunk = 0
   # SparseLoCo's accumulator e <- decay * e + delta; 1 = plain feedback.
   c.diloco.error_feedback_decay = 1.0
-  # How a module's users' decoded contributions are averaged: mean (every
-  # user, its zeros included) | senders (each coordinate over the users
-  # that sent it, SparseLoCo's reference aggregation; for sparse codecs).
-  c.diloco.sparse_aggregate = "mean"
+  # How a module's users' decoded top-k contributions are averaged: senders
+  # (each coordinate over the users that sent it, SparseLoCo's reference
+  # aggregation) | mean (every user, its zeros included). Other codecs
+  # always take the mean. Measured: DiLoCo x8 at 8.4M with 136x fewer
+  # bytes, +22.65% against +200.16% for mean (docs/communication.md).
+  c.diloco.sparse_aggregate = "senders"
   # What workers read back: the modules' new versions as they are (none),
   # or each module's change since the copy the workers hold, compressed
   # (int8 | int4 | e3m0, per block of compression_block_size; the copy

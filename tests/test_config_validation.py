@@ -74,9 +74,6 @@ def _untyped(config):
     ("model.remat", "partial", r"'partial': use none, full or dots"),
     ("routing.replica_shards", "random", r"'random': use iid or kmeans"),
     ("diloco.sparse_aggregate", "median", r"'median': use mean or senders"),
-    # Senders of a dense payload would drop its zeros (compression none).
-    ("diloco.sparse_aggregate", "senders", r"senders needs sparse "
-     r"contributions \(compression topk\), but slot embed_head uses 'none'"),
 ])
 def test_bad_values_name_the_field(field, value, match):
   config = testing.tiny_config("2x2", inner_steps=4, num_steps=8)
@@ -308,3 +305,27 @@ def test_a_config_file_that_cannot_load_is_one_line(tmp_path, problem,
   else:
     assert "No such file" in line, line
   assert not workdir.exists()
+
+
+def test_the_sparse_aggregate_is_top_ks_alone():
+  from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top
+  # The default, senders, applies to top-k slots; every other codec takes
+  # the plain mean (a zero of a dense payload is a value).
+  config = testing.comm_config(compression="int4",
+                               per_slot="level=compression:topk")
+  assert config.diloco.sparse_aggregate == "senders"
+  comms = comm_lib.comm_by_slot(
+      config, paths_lib.topology_from_config(config).slots)
+  assert {n: c.spec.aggregate for n, c in comms.items()} == {
+      "embed_head": "mean", "layers_00_01": "senders",
+      "layers_02_03": "senders"}
+  config_base.validate(config, num_devices=8)
+  # Top-k under eager: the workers' views assume the mean's weights.
+  config = testing.comm_config(compression="topk", delay="eager")
+  with pytest.raises(config_base.ConfigError, match=r"^config\.diloco\."
+                     r"sparse_aggregate: senders \(top-k's default\) is not "
+                     r"built for delay eager"):
+    config_base.validate(config, num_devices=8)
+  config.diloco.sparse_aggregate = "mean"
+  config_base.validate(config, num_devices=8)

@@ -30,8 +30,8 @@ def test_sparseloco_fills_its_fields_and_keeps_the_users():
   assert lines == [
       "diloco.preset=sparseloco: set compression=topk, "
       "compression_topk_chunk=4096, error_feedback=True, "
-      "error_feedback_decay=0.95, sparse_aggregate=senders, "
-      "outer_optimizer=sgd, outer_lr=1, outer_momentum=0; kept your "
+      "error_feedback_decay=0.95, outer_optimizer=sgd, outer_lr=1, "
+      "outer_momentum=0; kept your "
       "compression_topk_fraction=0.03"]
   assert presets.apply(config) == []  # Once.
   config_base.validate(config, 1)
@@ -80,13 +80,14 @@ def test_warnings_name_what_was_measured_to_do_badly():
   assert "lower bound" in presets.warnings(
       _config(delay="naive", outer_lr=1.0))[0]
   topk = _config(compression="topk", error_feedback=True)
+  assert presets.warnings(topk) == []  # Averaged over senders by default.
+  topk.diloco.sparse_aggregate = "mean"
   assert "sparse_aggregate=senders" in presets.warnings(topk)[0]
-  topk.diloco.sparse_aggregate = "senders"
-  assert presets.warnings(topk) == []
   assert "diverged at rank 1-2" in presets.warnings(
       _config(compression="lowrank", error_feedback=True))[0]
   # A per-slot setting counts too.
-  assert presets.warnings(_config(per_slot="level=compression:topk"))
+  assert presets.warnings(_config(
+      sparse_aggregate="mean", per_slot="level=compression:topk"))
 
 
 def test_check_config_announces_on_stderr(capsys):

@@ -129,8 +129,14 @@ def comm_by_slot(config, slots) -> dict[str, SlotComm]:
   out = {}
   for slot in slots:
     text = rules.get(slot.name, rules.get(slot.kind))
-    out[slot.name] = (default if text is None
-                      else _override(default, text, slot.name))
+    comm = (default if text is None
+            else _override(default, text, slot.name))
+    if comm.spec.name != "topk" and comm.spec.aggregate != "mean":
+      # The aggregate is top-k's: a zero of a dense or quantized payload is
+      # a value, not a coordinate left out, so those take the plain mean.
+      comm = dataclasses.replace(
+          comm, spec=dataclasses.replace(comm.spec, aggregate="mean"))
+    out[slot.name] = comm
   return out
 
 
@@ -176,20 +182,13 @@ def check_config(config) -> None:
       compress.make_codec(slot_comm.spec)
     except ValueError as e:  # Only per_slot values can get here.
       config_fields.fail("diloco.per_slot", f"slot {name}: {e}.")
-    if slot_comm.spec.aggregate == "senders" and slot_comm.spec.name != "topk":
-      # A zero of a dense or quantized payload is a value, not a coordinate
-      # left out: averaging over "senders" would drop it.
-      config_fields.fail(
-          "diloco.sparse_aggregate", f"senders needs sparse contributions "
-          f"(compression topk), but slot {name} uses "
-          f"{slot_comm.spec.name!r}; use mean, or compression=topk.")
     if slot_comm.spec.aggregate == "senders" and slot_comm.delay in (
         "eager", "lookahead"):
       # Their workers' own views assume the plain mean's weights.
       config_fields.fail(
-          "diloco.sparse_aggregate", f"senders is not built for delay "
-          f"{slot_comm.delay} (slot {name}); use mean, or delay none, "
-          "one_round or overlap.")
+          "diloco.sparse_aggregate", f"senders (top-k's default) is not "
+          f"built for delay {slot_comm.delay} (slot {name}); set it to "
+          "mean, or the delay to none, one_round or overlap.")
 
 
 def _check_overlap(config, delays: set) -> None:

@@ -63,7 +63,8 @@ class CompressionSpec:
   topk_fraction: float = 0.01   # topk: share of entries kept (at least 1)
   topk_chunk: int = 0           # topk: entries per chunk; 0 = whole leaf
   feedback_decay: float = 1.0   # error feedback: residual scale, (0, 1]
-  aggregate: str = "mean"       # mean | senders (outer.mix)
+  aggregate: str = "mean"       # mean | senders (outer.mix); config's
+                                # default: senders, top-k only (comm.py)
 
 
 def spec_from_config(diloco_config) -> CompressionSpec:
