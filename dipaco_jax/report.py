@@ -65,9 +65,49 @@ def final_table(results: dict) -> str:
         [[short, f"{c['non_embedding_params']:,}", f"{c['steps']:,}",
           f"{c['train_flops']:.3g}", f"{m['perplexity']:.2f}"]
          for short, c, m in scaling]))
+  out += reading(results)
   out.append(f"wall time {results['wall_seconds']:.0f} s (every invocation "
              "on this workdir)")
   return "\n".join(out)
+
+
+_ROUTED_ONCE = "dipaco routed once per document"
+_DENSE = "dense baseline (one path's size)"
+
+
+def reading(results: dict) -> list[str]:
+  """What a DiPaCo run's tables compare, in words, with its own figures
+  ([] for other runs)."""
+  models, compute = results["models"], results.get("compute", {})
+  if _ROUTED_ONCE not in models or _DENSE not in models:
+    return []
+  dipaco, dense = (models[n]["perplexity"] for n in (_ROUTED_ONCE, _DENSE))
+  verdict = "ahead of" if dipaco < dense else "behind"
+  lines = [
+      "How to read it (lower perplexity is better, every row on the same "
+      "tokens):",
+      f"- DiPaCo routed once runs ONE of its {len(results['paths'])} paths "
+      f"per document, chosen from its first {results['prefix_len']} tokens: "
+      "the dense baseline's size and inference cost.",
+      "- The dense baseline trained as many steps on all the documents, "
+      "from the same base.",
+      f"- DiPaCo routed once is {verdict} it: {dipaco:.2f} against "
+      f"{dense:.2f} ({dipaco / dense - 1:+.1%}). The oracle rows pick each "
+      "document's best path in hindsight: bounds, not models."]
+  if _ROUTED_ONCE in compute and _DENSE in compute:
+    ratio = (compute[_ROUTED_ONCE]["train_flops"]
+             / compute[_DENSE]["train_flops"])
+    same_flops = [m for n, m in models.items()
+                  if compute.get(n, {}).get("role") == "dense same_flops"]
+    lines.append(
+        f"- Training cost: DiPaCo spent {ratio:.1f}x the dense baseline's "
+        "FLOPs (its paths train in parallel, exchanging modules only every "
+        "H steps); " + (
+            f"the dense model given as many FLOPs reaches "
+            f"{same_flops[0]['perplexity']:.2f}." if same_flops else
+            "--config.eval.dense_same_flops=True adds the dense model "
+            "given as many."))
+  return lines
 
 
 def _short_name(name: str, compute: dict) -> str | None:

@@ -59,6 +59,10 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
   assert "re-routed every 16 tokens (all tokens so far)" in run.stdout
   assert "re-routed every 16 tokens (learned window router" in run.stdout
   assert "mesh path=4 x stage=1 x data=2" in run.stdout  # 4 paths on 8 fake devices
+  # The table says in words what it compares, with the run's own figures.
+  assert "How to read it" in run.stdout
+  assert "DiPaCo routed once runs ONE of its 4 paths per document" in (
+      run.stdout)
   results = json.loads((tmp_path / "results.json").read_text())
   models = results["models"]
   scored = {m["tokens"] for m in models.values()}
