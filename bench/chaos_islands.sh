@@ -15,7 +15,7 @@
 # 2 cores. Exit status 1 if a verdict fails.
 set -uo pipefail
 work=${1:-/tmp/chaos_islands}; rm -rf "$work"; mkdir -p "$work"
-args=(--config=experiments/quickstart.py --fake_devices=8
+args=(--config=experiments/quickstart.py:small --fake_devices=8
       --config.paths.shape=4x4 --config.base.num_steps=20
       --config.train.num_steps=100 --config.diloco.inner_steps=25
       --config.data.max_corpus_chars=3000000 --config.eval.learned_reroute=False

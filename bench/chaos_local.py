@@ -7,7 +7,7 @@ one table row per case and exits 1 if any case FAILs.
 
   python3 bench/chaos_local.py [--work DIR] [--out TABLE.md] [--seed N]
 
-The run: experiments/quickstart.py made small (`SMALL` below: base 20
+The run: experiments/quickstart.py:small made smaller (`SMALL` below: base 20
 steps, DiPaCo 2x2 and the dense baseline 40 steps, an outer step and a
 checkpoint every 10 steps, 3 kept, no re-routing evaluation), on a corpus of
 text files (a copy of ~1.3 MB of the standard library's top-level .py
@@ -331,7 +331,7 @@ class Chaos:
   def cmd(self, workdir, *extra, corpus=None):
     corpus = corpus or self.corpus
     return [sys.executable, "-m", "dipaco_jax.main",
-            "--config=experiments/quickstart.py", f"--workdir={workdir}",
+            "--config=experiments/quickstart.py:small", f"--workdir={workdir}",
             *SMALL, f"--config.data.text_glob={corpus}/*.py", *extra]
 
   def start(self, name, workdir, *extra, corpus=None) -> Proc:
@@ -728,7 +728,7 @@ def main():
   header = (
       f"chaos_local: {len(c.rows)} cases, {fails} FAIL, "
       f"{total / 60:.1f} min on {os.cpu_count()} cores; seed {c.seed}; "
-      f"run: experiments/quickstart.py {' '.join(SMALL)} "
+      f"run: experiments/quickstart.py:small {' '.join(SMALL)} "
       f"--config.data.text_glob=CORPUS/*.py; 'equal' = results.json models "
       f"equal and every array of the final checkpoint (step {STEPS}) of "
       "runs/dipaco and runs/dense equal byte for byte (loaded with orbax)")

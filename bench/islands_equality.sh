@@ -5,13 +5,13 @@
 # both runs' DiPaCo losses per logged step / round and their routed-once
 # perplexity. On CPU they agree to float rounding (tests/test_islands.py).
 #   bash bench/islands_equality.sh OUT [--config.X=Y ...]
-# CONFIG: the experiment (default experiments/quickstart.py); the corpus is
+# CONFIG: the experiment (default experiments/quickstart.py:small); the corpus is
 # cut to 600k characters, 40 base steps and 100 DiPaCo steps unless the
 # extra flags say otherwise.
 set -u
 out=${1:?OUT}; shift; mkdir -p "$out"
 a=$out/spmd; b=$out/islands; rm -rf "$a" "$b"; mkdir -p "$b/runs"
-common=(--config=${CONFIG:-experiments/quickstart.py}
+common=(--config=${CONFIG:-experiments/quickstart.py:small}
         --config.data.max_corpus_chars=600000 --config.base.num_steps=40
         --config.train.num_steps=100 --config.eval.learned_reroute=False
         --config.train.log_every=10 "$@")

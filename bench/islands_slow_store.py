@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-_ISLANDS = ["--config=experiments/quickstart.py", "--num_workers=2",
+_ISLANDS = ["--config=experiments/quickstart.py:small", "--num_workers=2",
             "--fake_devices=8"]
 _COPIED = ("data", "runs/base", "runs/dense", "shards", "router",
            "splits.json")

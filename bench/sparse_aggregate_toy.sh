@@ -9,7 +9,7 @@
 #   bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
-common=(--config=experiments/quickstart.py --config.paths.shape=1x1 --config.paths.num_replicas=8
+common=(--config=experiments/quickstart.py:small --config.paths.shape=1x1 --config.paths.num_replicas=8
         --config.diloco.inner_steps=10 --config.diloco.outer_optimizer=sgd
         --config.diloco.outer_lr=1.0 --config.diloco.outer_momentum=0.0
         --config.eval.reroute_every=0 --config.eval.learned_reroute=False)
