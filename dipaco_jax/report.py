@@ -201,7 +201,10 @@ def plot_paths(workdir, results, filename="paths.png") -> str:
   ax2.set_ylabel("perplexity on the path's\nrouted validation docs")
   ax2.set_xlabel("path")
   ax2.set_xticks(xs)
-  ax2.legend()
+  tallest = max([value(p["validation"]) for p in paths]
+                + [value(p["validation_dense"]) for p in paths] + [1.0])
+  ax2.set_ylim(0, 1.3 * tallest)  # Room for the legend above the bars.
+  ax2.legend(loc="upper right", ncol=2)
   return _save(fig, workdir, filename)
 
 
