@@ -169,11 +169,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.outer_momentum = 0.9  # Nesterov/SGD momentum, or Adam's b1.
   c.diloco.weight_by_shard_size = True  # Paper Eq. 2-3.
   c.diloco.rescale_by_sqrt_users = False  # Paper section 2.7 (multiply).
+  # A recipe by name that fills the communication fields below left at
+  # their defaults (diloco/presets.py): streaming | dilocox | sparseloco;
+  # "" = none.
+  c.diloco.preset = ""
   # DiLoCoX communication (diloco/comm.py, compress.py). The defaults are
   # plain DiLoCo/DiPaCo, hashed as before these fields existed.
-  # A recipe by name that fills the fields below left at their defaults
-  # (diloco/presets.py): streaming | dilocox | sparseloco; "" = none.
-  c.diloco.preset = ""
   # none | one_round | naive | lookahead | eager | overlap
   c.diloco.delay = "none"
   # tau of delay=overlap (Streaming DiLoCo, diloco/overlap_step.py): the
