@@ -111,6 +111,7 @@ def check_config(config) -> None:
     except config_base.ConfigError as e:
       raise config_base.ConfigError(
           f"{e} (in the {name} run derived from this config)") from e
+  presets.warn(config)  # Once valid: the rules read the topology.
 
 
 def _prepare(config, workdir):

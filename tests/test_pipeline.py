@@ -51,7 +51,8 @@ def test_dipaco_main_job_end_to_end_and_stage_reuse(tmp_path):
            "--config.diloco.inner_steps=4", "--config.eval.early_stopping=True",
            "--config.routing.discriminative_steps=4",
            "--config.routing.router_fraction=0.2",
-           "--config.eval.reroute_every=16"]
+           "--config.eval.reroute_every=16",
+           "--config.eval.learned_reroute=True"]
   run = _main(tmp_path, *flags, fake_devices=8)
   assert run.returncode == 0, run.stderr[-3000:]
   assert "dense baseline" in run.stdout

@@ -123,9 +123,14 @@ def warnings(config) -> list[str]:
 
 
 def announce(config) -> None:
-  """Applies the preset and prints what it did and every warning, one line
-  each, on stderr (the job's own output stays on stdout)."""
+  """Applies the preset and prints what it did, one line each, on stderr
+  (the job's own output stays on stdout)."""
   for line in apply(config):
     print(line, file=sys.stderr, flush=True)
+
+
+def warn(config) -> None:
+  """Prints every warning of a validated config, one line each, on
+  stderr."""
   for line in warnings(config):
     print(f"warning: {line}", file=sys.stderr, flush=True)
