@@ -32,15 +32,9 @@ Before round 0's pseudo-gradient arrives nothing is applied. When training
 ends, `flush` applies the round in flight and restarts every worker from
 the global modules.
 
-**Delay** `naive` (the baseline of the eager-updates paper, Kale et al.
-2025: the delayed outer step without any correction). As `one_round`, but
-a worker restarts from the delayed global modules, dropping its own round:
-
-  x_w     <- g^r[e(w)],  a_w^{r+1} = x_w
-
-so each round's progress reaches a worker only through the global step
-that lands one round late; it is the table's lower bound, not a setting to
-train with.
+**Delay** `naive` (the eager-updates paper's baseline): as `one_round`,
+but a worker restarts from the delayed global, dropping its own round:
+x_w <- g^r[e(w)], a_w^{r+1} = x_w. A lower bound, not a setting to use.
 
 **Delay** `lookahead` (ours; not from a paper). As `one_round`, but a
 worker does not add its own round raw: it predicts the next global

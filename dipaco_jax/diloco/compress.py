@@ -10,13 +10,10 @@ leaf into a payload of a few arrays:
   int4     the same with codes in [-7, 7]; two nibbles per byte.
   e3m0     4-bit floats of Streaming DiLoCo, sign + 3 exponent bits: per
            block, absmax * sign * 2^(e - 7) for e in 1..7, or 0 for e = 0.
-  lowrank  PowerSGD, warm-started, adaptive rank (compress_lowrank.py);
-           with factor_bits 8 or 4 its factors go as int8/int4 blocks
-           (DiLoCoX's "low rank + int4"). A subspace per worker.
-  lowrank_shared  PowerSGD as published: one subspace per module, agreed
-           by its users in two exchanges, fixed rank; it needs the
-           module's users, so it is applied by compress_shared.py, not
-           leaf by leaf here.
+  lowrank  PowerSGD, warm-started, adaptive rank, a subspace per worker
+           (compress_lowrank.py); factor_bits 8 or 4: int8/int4 factors
+           (DiLoCoX's "low rank + int4"). lowrank_shared: one subspace
+           per module, its users together (compress_shared.py).
   topk     SparseLoCo: the k largest |x|, each as 2 bits (sign, and which of
            two per-leaf magnitudes); with topk_chunk > 0, per chunk of that
            many entries, indices inside the chunk (compress_topk.py).
@@ -44,45 +41,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax.diloco import compress_lowrank as lowrank
+from dipaco_jax.diloco import compress_spec
 from dipaco_jax.diloco import compress_topk
 
 NAMES = ("none", "int8", "int4", "e3m0", "lowrank", "lowrank_shared",
          "topk")
 
-@dataclasses.dataclass(frozen=True)
-class CompressionSpec:
-  """What a worker's codec is (config.diloco.compression*)."""
-  name: str = "none"            # none | int8 | int4 | e3m0 | lowrank | topk
-  error_feedback: bool = False
-  block_size: int = 256         # int8/int4/e3m0, lowrank's int factors:
-                                # values per float32 scale
-  rank_min: int = 1             # lowrank
-  rank_max: int = 32            # lowrank (clipped to min(m, n))
-  energy: float = 0.9           # lowrank: share of |x|^2 kept; 1 = rank_max
-  factor_bits: int = 0          # lowrank: 0 = float32 factors; 8 or 4 = int
-  topk_fraction: float = 0.01   # topk: share of entries kept (at least 1)
-  topk_chunk: int = 0           # topk: entries per chunk; 0 = whole leaf
-  feedback_decay: float = 1.0   # error feedback: residual scale, (0, 1]
-  aggregate: str = "mean"       # mean | senders (outer.mix); config's
-                                # default: senders, top-k only (comm.py)
-
-
-def spec_from_config(diloco_config) -> CompressionSpec:
-  """The spec of `config.diloco`; a missing field takes the default."""
-  d = CompressionSpec()
-  get = lambda field, default: getattr(diloco_config, field, default)
-  return CompressionSpec(
-      name=get("compression", d.name) or "none",
-      error_feedback=bool(get("error_feedback", d.error_feedback)),
-      block_size=int(get("compression_block_size", d.block_size)),
-      rank_min=int(get("compression_rank_min", d.rank_min)),
-      rank_max=int(get("compression_rank_max", d.rank_max)),
-      energy=float(get("compression_energy", d.energy)),
-      factor_bits=int(get("compression_factor_bits", d.factor_bits)),
-      topk_fraction=float(get("compression_topk_fraction", d.topk_fraction)),
-      topk_chunk=int(get("compression_topk_chunk", d.topk_chunk)),
-      feedback_decay=float(get("error_feedback_decay", d.feedback_decay)),
-      aggregate=str(get("sparse_aggregate", d.aggregate)))
+# The spec lives apart (what the config says); compress.CompressionSpec
+# and compress.spec_from_config are its names here too.
+CompressionSpec = compress_spec.CompressionSpec
+spec_from_config = compress_spec.spec_from_config
 
 
 def _size(shape) -> int:
@@ -371,14 +339,9 @@ class _LowRankCodec(Codec):
     return lowrank.untrim(trimmed, shape, self.spec.rank_max)
 
 
-class _SharedLowRankCodec(Codec):
-  """`lowrank_shared`'s state (each worker's copy of its module's warm
-  start); its encoding needs every user of the module at once
-  (compress_shared.compress_tree), so a worker alone cannot run it."""
-  stateful = True
-
-  def init_state(self, x):
-    return lowrank.init_state(x.shape, self.spec.rank_max)
+class _SharedLowRankCodec(_LowRankCodec):
+  """`lowrank_shared`'s state, a worker's copy of its module's warm start;
+  a module's users encode together (compress_shared.compress_tree)."""
 
   def encode(self, x, state):
     raise ValueError("lowrank_shared encodes a module's users together: "

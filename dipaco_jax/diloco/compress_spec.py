@@ -1,0 +1,41 @@
+"""What a worker's codec is: `config.diloco.compression*` as one frozen
+value (a static argument of the jitted codecs in compress.py)."""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressionSpec:
+  """What a worker's codec is (config.diloco.compression*)."""
+  name: str = "none"            # compress.NAMES
+  error_feedback: bool = False
+  block_size: int = 256         # int8/int4/e3m0, lowrank's int factors:
+                                # values per float32 scale
+  rank_min: int = 1             # lowrank
+  rank_max: int = 32            # lowrank (clipped to min(m, n)); the
+                                # fixed rank of lowrank_shared
+  energy: float = 0.9           # lowrank: share of |x|^2 kept; 1 = rank_max
+  factor_bits: int = 0          # lowrank: 0 = float32 factors; 8 or 4 = int
+  topk_fraction: float = 0.01   # topk: share of entries kept (at least 1)
+  topk_chunk: int = 0           # topk: entries per chunk; 0 = whole leaf
+  feedback_decay: float = 1.0   # error feedback: residual scale, (0, 1]
+  aggregate: str = "mean"       # mean | senders (outer.mix); config's
+                                # default: senders, top-k only (comm.py)
+
+
+def spec_from_config(diloco_config) -> CompressionSpec:
+  """The spec of `config.diloco`; a missing field takes the default."""
+  d = CompressionSpec()
+  get = lambda field, default: getattr(diloco_config, field, default)
+  return CompressionSpec(
+      name=get("compression", d.name) or "none",
+      error_feedback=bool(get("error_feedback", d.error_feedback)),
+      block_size=int(get("compression_block_size", d.block_size)),
+      rank_min=int(get("compression_rank_min", d.rank_min)),
+      rank_max=int(get("compression_rank_max", d.rank_max)),
+      energy=float(get("compression_energy", d.energy)),
+      factor_bits=int(get("compression_factor_bits", d.factor_bits)),
+      topk_fraction=float(get("compression_topk_fraction", d.topk_fraction)),
+      topk_chunk=int(get("compression_topk_chunk", d.topk_chunk)),
+      feedback_decay=float(get("error_feedback_decay", d.feedback_decay)),
+      aggregate=str(get("sparse_aggregate", d.aggregate)))
