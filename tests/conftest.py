@@ -47,3 +47,20 @@ jax.config.update("jax_compilation_cache_dir",
                   os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", float(
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+# The modules whose tests start processes or train several runs (a minute
+# or more each on 2 cores) go first: pytest-xdist hands tests out in this
+# order, so the long ones start while the short ones still fill both
+# workers, instead of one worker finishing a long test alone at the end.
+# Only the order changes; every test runs.
+_LONG_MODULES = ("test_multihost.py", "test_pipeline.py",
+                 "test_islands_processes.py", "test_islands.py",
+                 "test_islands_replay.py", "test_results_rerun.py",
+                 "test_gcs_emulator.py", "test_delay.py", "test_overlap.py",
+                 "test_download.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(_LONG_MODULES)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
