@@ -13,6 +13,7 @@ from dipaco_jax import testing
 from dipaco_jax.data import corpora
 from dipaco_jax.data import prepare
 from dipaco_jax.stages import cache
+from dipaco_jax.stages import run_configs
 from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.train import checkpoint as ckpt_lib
 
@@ -255,3 +256,22 @@ def test_checkpoints_with_the_legacy_config_hash_are_kept(tmp_path):
   other = experiment_lib.derive_config(config, **{"data.seq_len": 48})
   assert experiment_lib.config_hash_of_run(run_dir, other) == (
       experiment_lib.training_hash(other))
+
+
+def test_the_sparse_aggregate_is_hashed_only_where_it_changes_numbers():
+  config = testing.tiny_config(shape="2x2", inner_steps=4)
+  plain = experiment_lib.training_hash(config)
+  derive = experiment_lib.derive_config
+  # No top-k slot: the aggregate changes nothing, whatever it is.
+  assert experiment_lib.training_hash(derive(
+      config, **{"diloco.sparse_aggregate": "mean"})) == plain
+  # Top-k with mean (the default until 2026-11-29) keeps the hash those
+  # runs had; today's default, senders, is another run.
+  topk = derive(config, **{"diloco.compression": "topk"})
+  mean = derive(topk, **{"diloco.sparse_aggregate": "mean"})
+  assert "sparse_aggregate" not in run_configs.training_fields(mean)["diloco"]
+  assert experiment_lib.training_hash(topk) != experiment_lib.training_hash(
+      mean)
+  per_slot = derive(config, **{"diloco.per_slot": "level=compression:topk"})
+  assert run_configs.training_fields(per_slot)["diloco"][
+      "sparse_aggregate"] == "senders"

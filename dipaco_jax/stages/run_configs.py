@@ -52,6 +52,7 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
   defaults = config_base.base_config().diloco
   keep["diloco"] = {k: v for k, v in keep["diloco"].items()
                     if k not in _COMM_FIELDS or v != defaults[k]}
+  _hash_aggregate_as_applied(keep["diloco"], config.diloco)
   # So do the speed options (loss_chunk, fp8), which change the numbers a little
   # (rounding with chunks, FP8's precision).
   model_defaults = config_base.base_config().model
@@ -59,6 +60,18 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
                    if k not in _SPEED_FIELDS or v != model_defaults[k]}
   _drop_unused_stage_axis(keep, config)
   return json.loads(json.dumps(keep, sort_keys=True, default=str))
+
+
+def _hash_aggregate_as_applied(keep_diloco: dict, diloco) -> None:
+  """`sparse_aggregate` enters only where it changes the numbers: with a
+  top-k slot, and then unless it is `mean`, which was its default until
+  2026-11-29 (so those top-k runs keep their hash, and a run of today's
+  default `senders` never resumes one of theirs)."""
+  uses_topk = (diloco.compression == "topk" or "compression:topk" in
+               diloco.per_slot.replace(" ", ""))
+  keep_diloco.pop("sparse_aggregate", None)
+  if uses_topk and diloco.sparse_aggregate != "mean":
+    keep_diloco["sparse_aggregate"] = diloco.sparse_aggregate
 
 
 def _drop_unused_stage_axis(keep: dict, config) -> None:
