@@ -11,11 +11,17 @@ Each such key directory holds
   item/            an orbax PyTree checkpoint of the tree
   COMMITTED.json   the commit marker (`atomic.commit`), written last:
                    {"meta": what the caller passed, "leaves": {keypath: shape},
-                    "bytes": the arrays' size, "stored_bytes": the size of
-                    the files written before it}
+                    "dtypes": {keypath: dtype}, "digests": {keypath: sha256
+                    of the array's bytes}, "bytes": the arrays' size,
+                    "stored_bytes": the size of the files written before it}
 
 Readers read only committed keys: loading an uncommitted one raises
-`NotCommittedError` and `committed_*` / `latest_*` skip it. Saving over an
+`NotCommittedError` and `committed_*` / `latest_*` skip it. Every read is
+verified: a leaf whose bytes differ from its digest, or an item orbax
+cannot read (a file missing, truncated or overwritten), raises
+`integrity.DamagedKeyError` naming the key; what to do about it is the
+caller's (the island roles rebuild it, `islands/repair.py`). Keys written
+before digests existed load unverified. Saving over an
 uncommitted leftover (a writer killed before its marker) removes it and
 writes afresh. A committed key is immutable: saving it again is a no-op that
 returns False (the first commit wins), so a job re-run after a crash cannot
@@ -38,7 +44,9 @@ import orbax.checkpoint as ocp
 
 from dipaco_jax.parallel import multihost
 from dipaco_jax.store import atomic
+from dipaco_jax.store import integrity
 from dipaco_jax.store import link
+from dipaco_jax.store import slicing
 
 ITEM = "item"
 
@@ -108,16 +116,23 @@ def _check_like(directory, like, saved: dict) -> None:
                      + "\n  ".join(problems[:10]))
 
 
-def _restore_arg(leaf):
+def _dtypes(tree) -> dict[str, str]:
+  return {jax.tree_util.keystr(k): np.dtype(x.dtype).name
+          for k, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _restore_arg(leaf, saved_dtype: str | None = None):
   """Placed like the target: a leaf with a sharding (a jax.Array, or a
   ShapeDtypeStruct given one) comes back as a jax.Array with that sharding;
   anything else as a host numpy array. Never the writer's own sharding: the
-  writer may be another job on other devices."""
+  writer may be another job on other devices. In `saved_dtype` when given
+  (to verify the saved bytes; the caller casts after), else the target's."""
+  dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+  dtype = saved_dtype or dtype
   sharding = getattr(leaf, "sharding", None)
   if sharding is not None:
     return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=leaf.shape,
-                                dtype=leaf.dtype)
-  dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+                                dtype=dtype)
   return ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype)
 
 
@@ -157,6 +172,10 @@ def save_tree(directory, tree, meta: dict | None = None, *,
     directory.rmtree()
   if collective:
     multihost.barrier(f"store_clean:{directory}")
+  # Hashed from the host copy before the write: what the writer meant,
+  # whatever the disk then does with it.
+  digests = (integrity.tree_digests(jax.device_get(tree)) if writes
+             else None)
   with link.transfer(_nbytes(tree), "put"), _checkpointer(collective) as (
       checkpointer):
     checkpointer.save(directory / ITEM, args=ocp.args.PyTreeSave(
@@ -164,6 +183,7 @@ def save_tree(directory, tree, meta: dict | None = None, *,
   if writes:
     atomic.sync_tree(directory)  # With set_fsync: data before its marker.
     atomic.commit(directory, {"meta": meta or {}, "leaves": _shapes(tree),
+                              "dtypes": _dtypes(tree), "digests": digests,
                               "bytes": _nbytes(tree),
                               "stored_bytes": directory_bytes(directory)})
   if collective:
@@ -173,7 +193,12 @@ def save_tree(directory, tree, meta: dict | None = None, *,
 
 
 def _marker(directory) -> dict:
-  marker = atomic.read_commit(directory)
+  try:
+    marker = atomic.read_commit(directory)
+  except (ValueError, UnicodeDecodeError) as e:  # Not JSON any more.
+    raise integrity.DamagedKeyError(
+        directory, f"{atomic.COMMIT_MARKER} unreadable "
+        f"({integrity.first_line(e)})") from None
   if marker is None:
     raise NotCommittedError(
         f"{directory} is not committed (no {atomic.COMMIT_MARKER}): its "
@@ -198,14 +223,25 @@ def load_tree(directory, like):
 
   Returns:
     The tree, shaped like `like`, and the metadata passed to `save_tree`.
+
+  Raises:
+    NotCommittedError: `directory` is not committed.
+    integrity.DamagedKeyError: its bytes are not what was committed.
   """
   directory = epath.Path(directory)
   marker = _marker(directory)
   _check_like(directory, like, marker["leaves"])
-  with link.transfer(_nbytes(like), "get"), _checkpointer(
-      collective=False) as checkpointer:
-    tree = checkpointer.restore(directory / ITEM, args=ocp.args.PyTreeRestore(
-        item=like, restore_args=jax.tree.map(_restore_arg, like)))
+  saved = marker.get("dtypes", {}) if marker.get("digests") else {}
+  args = jax.tree_util.tree_map_with_path(
+      lambda k, leaf: _restore_arg(leaf, saved.get(jax.tree_util.keystr(k))),
+      like)
+  with link.transfer(_nbytes(like), "get"):
+    tree = _restore(directory, ocp.args.PyTreeRestore(item=like,
+                                                      restore_args=args))
+  _verify(directory, tree, marker)
+  if saved:  # Read as saved to verify the bytes; now as the target asks.
+    tree = jax.tree.map(lambda x, want: x if x.dtype == want.dtype
+                        else x.astype(want.dtype), tree, like)
   return tree, marker["meta"]
 
 
@@ -213,13 +249,37 @@ def load_saved(directory):
   """Restores the committed item of `directory` as it was saved: numpy
   arrays of the writer's shapes and dtypes, as `(tree, meta)`. For trees a
   reader cannot shape in advance (compressed payloads, whose low rank
-  varies by round)."""
+  varies by round). Verified as `load_tree`."""
   directory = epath.Path(directory)
   marker = _marker(directory)
-  with link.transfer(marker.get("bytes", 0), "get"), _checkpointer(
-      collective=False) as checkpointer:
-    tree = checkpointer.restore(directory / ITEM)
+  with link.transfer(marker.get("bytes", 0), "get"):
+    tree = _restore(directory, None)
+  _verify(directory, tree, marker)
   return tree, marker["meta"]
+
+
+def _restore(directory: epath.Path, args):
+  """Orbax's restore of the key's item; any failure of a committed item
+  to read is damage (orbax and tensorstore raise many types, ValueError,
+  OSError, KeyError..., for a missing, truncated or overwritten file)."""
+  try:
+    with _checkpointer(collective=False) as checkpointer:
+      if args is None:
+        return checkpointer.restore(directory / ITEM)
+      return checkpointer.restore(directory / ITEM, args=args)
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    raise integrity.DamagedKeyError(
+        directory, f"unreadable ({integrity.first_line(e)})") from e
+
+
+def _verify(directory: epath.Path, tree, marker: dict) -> None:
+  want = marker.get("digests")
+  if not want:
+    return  # Written before digests: nothing to check against.
+  bad = integrity.mismatches(integrity.tree_digests(jax.device_get(tree)),
+                             want)
+  if bad:
+    raise integrity.DamagedKeyError(directory, bad)
 
 
 def directory_bytes(directory) -> int:
@@ -309,52 +369,9 @@ def latest_inner_step(root, worker: int) -> int | None:
   return steps[-1] if steps else None
 
 
-# Slicing the full state.
-
-
-def _set_row(x, i: int, value):
-  """`x` with row `i` replaced; jax arrays stay jax arrays (functional)."""
-  if isinstance(x, jax.Array):
-    return x.at[i].set(value)
-  x = np.array(x)
-  x[i] = value
-  return x
-
-
-def module_of(outer_state, slot: str, expert: int) -> dict:
-  """Module (slot, expert) of `state["outer"]`: {"params", "opt_state"}.
-
-  The params are row `expert` of the slot's bank. In the slot's outer
-  optimizer state, leaves with a leading K_s axis are sliced the same way;
-  scalar leaves (e.g. an Adam count) are shared by the slot's experts and
-  kept whole.
-  """
-  def take(x):
-    return x if np.ndim(x) == 0 else x[expert]
-  return {"params": jax.tree.map(lambda x: x[expert],
-                                 outer_state["params"][slot]),
-          "opt_state": jax.tree.map(take, outer_state["opt_state"][slot])}
-
-
-def put_module(outer_state, slot: str, expert: int, module) -> dict:
-  """`outer_state` with module (slot, expert) replaced by `module`
-  (as from `module_of`); a scalar leaf takes the module's value."""
-  def put(x, value):
-    return value if np.ndim(x) == 0 else _set_row(x, expert, value)
-  params = dict(outer_state["params"])
-  opt_state = dict(outer_state["opt_state"])
-  params[slot] = jax.tree.map(put, params[slot], module["params"])
-  opt_state[slot] = jax.tree.map(put, opt_state[slot], module["opt_state"])
-  return {**outer_state, "params": params, "opt_state": opt_state}
-
-
-def worker_of(inner_state, worker: int):
-  """Worker `worker`'s slice (row `worker` of every leaf) of
-  `state["inner"]`."""
-  return jax.tree.map(lambda x: x[worker], inner_state)
-
-
-def put_worker(inner_state, worker: int, worker_tree):
-  """`inner_state` with worker `worker`'s row replaced by `worker_tree`."""
-  return jax.tree.map(lambda x, v: _set_row(x, worker, v), inner_state,
-                      worker_tree)
+# Cutting one module or one worker out of the training state
+# (`store/slicing.py`), here for the callers that know them as `items.*`.
+module_of = slicing.module_of
+put_module = slicing.put_module
+worker_of = slicing.worker_of
+put_worker = slicing.put_worker

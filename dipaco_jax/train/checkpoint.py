@@ -39,7 +39,6 @@ save also writes the sha256 of each saved array (keyed by its tree path,
 import concurrent.futures
 import hashlib
 import json
-import re
 
 from absl import logging
 from etils import epath
@@ -50,10 +49,9 @@ import orbax.checkpoint as ocp
 
 from dipaco_jax.parallel import multihost
 from dipaco_jax.store import atomic
+from dipaco_jax.store import integrity
 
 STATE_ITEMS = ("inner", "outer")
-# How tensorstore's errors start ("DATA_LOSS: ...", "OUT_OF_RANGE: ...").
-_STATUS_CODE = re.compile(r"[A-Z][A-Z_]+: ")
 CHECKSUMS_DIR = "checksums"
 DAMAGED_DIR = "damaged"
 
@@ -246,7 +244,8 @@ class Checkpointer:
       # Orbax and tensorstore raise many types (ValueError, OSError,
       # KeyError, json errors...) for a truncated, overwritten or missing
       # file: all mean this step cannot be trusted.
-      restored, error = None, f"{name}: {_first_line(e)}; in {where / name}"
+      restored, error = None, (f"{name}: {integrity.first_line(e)}; in "
+                               f"{where / name}")
     if not _all_agree(error is None):
       raise _Damaged(error or f"{name}: unreadable on another process")
     return restored
@@ -264,7 +263,7 @@ class Checkpointer:
       # one was deleted, or predates checksums. It cannot be verified.
       sums, error = {}, f"no checksums file {path}"
     except Exception as e:  # pylint: disable=broad-exception-caught
-      sums, error = {}, f"checksums: {_first_line(e)}; file {path}"
+      sums, error = {}, f"checksums: {integrity.first_line(e)}; file {path}"
     if error is None and not isinstance(sums, dict):
       error = f"checksums: not a JSON object; file {path}"
     if not _all_agree(error is None):
@@ -280,11 +279,12 @@ class Checkpointer:
       return
     if multihost.is_writer():
       for step in steps:
-        _move_aside(self.directory / str(step),
-                    self.directory / DAMAGED_DIR / str(step))
+        integrity.move_aside(self.directory / str(step),
+                             self.directory / DAMAGED_DIR / str(step))
         sums = self._checksums_path(step)
         if sums.exists():
-          _move_aside(sums, self.directory / DAMAGED_DIR / f"{step}.json")
+          integrity.move_aside(
+              sums, self.directory / DAMAGED_DIR / f"{step}.json")
     multihost.barrier(f"ckpt set aside {steps}")
     self.manager.reload()  # Orbax caches its list of steps.
 
@@ -298,27 +298,14 @@ class Checkpointer:
 # Digests.
 
 
-def _digest(x) -> str:
-  # The raw bytes, viewed as uint8 so any dtype (bfloat16 too) hashes
-  # without a copy beyond making it contiguous.
-  return hashlib.sha256(
-      np.ascontiguousarray(np.asarray(x)).reshape(-1).view(np.uint8)
-  ).hexdigest()
-
-
-def tree_digests(tree) -> dict[str, str]:
-  """sha256 of each leaf's bytes, keyed by its tree path."""
-  return {jax.tree_util.keystr(path): _digest(leaf)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
 def meta_digest(meta: dict) -> str:
   return hashlib.sha256(
       json.dumps(meta, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def _all_digests(host_items: dict, meta: dict) -> dict:
-  sums = {name: tree_digests(tree) for name, tree in host_items.items()}
+  sums = {name: integrity.tree_digests(tree)
+          for name, tree in host_items.items()}
   sums["meta"] = meta_digest(meta)
   return sums
 
@@ -329,13 +316,9 @@ def _check_digest(got, want, reason: str) -> None:
 
 
 def _verify_item(name: str, host_tree, want: dict, where: epath.Path):
-  got = tree_digests(host_tree)
-  bad = sorted(k for k in got.keys() | want.keys()
-               if got.get(k) != want.get(k))
+  bad = integrity.mismatches(integrity.tree_digests(host_tree), want)
   if bad:
-    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-    raise _Damaged(f"{name}: digest mismatch in {', '.join(bad[:3])}{more}; "
-                   f"file {where}")
+    raise _Damaged(f"{name}: {bad}; file {where}")
 
 
 # Helpers.
@@ -346,39 +329,6 @@ def _all_agree(ok: bool) -> bool:
   if jax.process_count() == 1:
     return ok
   return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
-
-
-def _first_line(e: Exception, limit: int = 300) -> str:
-  """The first line of the most telling error of a chain: orbax wraps
-  tensorstore's, which has a status code and names the file and what is
-  wrong with it; otherwise the outermost."""
-  chain = [e]
-  while len(chain) < 10 and (chain[-1].__cause__ or chain[-1].__context__):
-    chain.append(chain[-1].__cause__ or chain[-1].__context__)
-  lines = [(type(c).__name__, (str(c).strip().splitlines() or [""])[0])
-           for c in chain]
-  coded = [l for l in lines if _STATUS_CODE.match(l[1])]
-  name, line = (coded or lines)[0]
-  line = f"{name}: {line}"
-  return line if len(line) <= limit else line[:limit] + "..."
-
-
-def _move_aside(src: epath.Path, dst: epath.Path) -> None:
-  """Renames `src` to `dst` (or `dst.1`, ... when taken); deletes it where
-  a directory cannot be renamed (some object stores)."""
-  dst.parent.mkdir(parents=True, exist_ok=True)
-  target, n = dst, 0
-  while target.exists():
-    n += 1
-    target = dst.parent / f"{dst.name}.{n}"
-  try:
-    src.rename(target)
-  except OSError as e:
-    logging.warning("Could not move %s aside (%s); deleting it.", src, e)
-    if src.is_dir():
-      src.rmtree()
-    else:
-      src.unlink()
 
 
 def _say(line: str) -> None:
