@@ -3,7 +3,8 @@
 A mistake on the command line should cost one readable line, not a
 55-line traceback from inside absl or ml_collections: `parse_flags` replaces
 absl's flag parser and explains what went wrong (an unknown config field
-with its closest match, a value of the wrong type, a bad flag), and
+with its closest match, a value of the wrong type, a bad flag, a --config
+file that is missing, not Python, raising or returning no config), and
 `user_errors` turns the errors meant for the user (`errors.UserError` and a
 few known others) raised by the job into `error: <message>`. Both exit with
 status 2; `--verbose` keeps the traceback. Nothing here imports JAX.
@@ -15,9 +16,12 @@ import os
 import pathlib
 import re
 import sys
+import sysconfig
+import traceback
 from typing import NoReturn
 
 from absl import flags
+from absl import logging as absl_logging
 import ml_collections
 from ml_collections.config_flags import config_flags
 
@@ -58,16 +62,17 @@ def wants_traceback(argv) -> bool:
 
 def parse_flags(argv):
   """`app.run(..., flags_parser=parse_flags)`: absl's parse, with failures
-  reported as one line naming the flag or config field."""
+  reported as one line naming the flag, the config field or the file."""
   try:
-    remaining = flags.FLAGS(argv)
+    with _quiet_config_loader():
+      remaining = flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
     if wants_traceback(argv):
       raise
-    if isinstance(e, (OSError, SyntaxError)):
-      # Overrides make absl load the --config file while parsing.
-      fail(config_file_message(e, argv))
-    message = flag_error_message(e, argv)
+    # Overrides make absl load the --config file while parsing; whatever
+    # the file raises escapes absl unwrapped (or as a TypeError/ValueError
+    # holding its traceback).
+    message = config_file_problem(argv) or flag_error_message(e, argv)
     if message is None:
       raise  # Not a mistake on the command line we can explain: a bug.
     fail(message)
@@ -77,26 +82,110 @@ def parse_flags(argv):
 
 def _check_config_loaded(argv) -> None:
   """ml_collections defers a missing or unreadable --config file to the
-  first access of the config; report it now, before any compute."""
+  first access of the config, and takes any value get_config() returns;
+  report either now, before any compute."""
+  value = flags.FLAGS[_CONFIG_FLAG].value if _CONFIG_FLAG in flags.FLAGS else (
+      ml_collections.ConfigDict())
+  if isinstance(value, ml_collections.ConfigDict):
+    return
+  if wants_traceback(argv):
+    value.get("seed")  # Raises the loader's error, with its traceback.
+  fail(config_file_problem(argv) or f"--{_CONFIG_FLAG}: no config loaded.")
+
+
+# --- The --config file ------------------------------------------------------
+
+
+def config_file_problem(argv) -> str | None:
+  """One line for the --config file of `argv` when it gives no config
+  (missing, not Python, raising while it loads or in get_config(), without
+  get_config(), returning something else); None when it loads, or when
+  argv has no --config."""
+  path = _config_argument(argv)
+  if path is None:
+    return None
   try:
-    flags.FLAGS[_CONFIG_FLAG].value.get("seed")
-  except (OSError, SyntaxError) as e:
-    if wants_traceback(argv):
-      raise
-    fail(config_file_message(e, argv))
+    with _quiet_config_loader():
+      config = config_flags.ConfigFileFlagParser(
+          _CONFIG_FLAG, lock_config=False).parse(path)
+    if type(config).__name__ == "_ErrorConfig":
+      config.get("seed")  # Raises the load error ml_collections deferred.
+  except Exception as e:  # pylint: disable=broad-except
+    return config_file_message(e.__cause__ if _deferred(e) else e, argv)
+  if not isinstance(config, ml_collections.ConfigDict):
+    got = "None" if config is None else f"a {type(config).__name__}"
+    return (f"--{_CONFIG_FLAG}={path}: get_config() returned {got}, not a "
+            "ConfigDict; end it with `return config`, as experiments/*.py "
+            "do.")
+  return None
 
 
-def config_file_message(error: OSError | SyntaxError, argv) -> str:
-  """One line for a --config file that is missing, unreadable or not
-  Python: the file, what is wrong, and (for Python) where."""
-  prefix = f"--{_CONFIG_FLAG}={_config_argument(argv)}: cannot load the config"
+def _deferred(error: Exception) -> bool:
+  """ml_collections' IOError standing for the load error it kept."""
+  return isinstance(error, OSError) and error.__cause__ is not None and (
+      "earlier failure to load" in str(error))
+
+
+def config_file_message(error: Exception, argv) -> str:
+  """One line for a --config file that is missing, unreadable, not Python
+  or raising: the file, what is wrong, where, and the fix."""
+  path = _config_argument(argv)
+  prefix = f"--{_CONFIG_FLAG}={path}: cannot load the config"
   if isinstance(error, SyntaxError):
     return (f"{prefix} file: it is not valid Python ({error.msg}, "
             f"{error.filename} line {error.lineno}); fix the file, or point "
             "--config at an experiments/*.py file.")
-  last = [l for l in str(error).splitlines() if l.strip()][-1].strip()
-  return (f"{prefix} file ({last}); give the path of an existing "
-          "experiments/*.py file.")
+  if isinstance(error, OSError):
+    last = [l for l in str(error).splitlines() if l.strip()][-1].strip()
+    return (f"{prefix} file ({last}); give the path of an existing "
+            "experiments/*.py file.")
+  if isinstance(error, AttributeError) and getattr(
+      error, "name", None) == "get_config":
+    return (f"{prefix}: the file defines no get_config(); an experiments/*.py "
+            "file defines get_config() returning a ConfigDict.")
+  text = str(error)
+  if "Error whilst parsing config file" in text:
+    # ml_collections re-raises a TypeError/ValueError of get_config() with
+    # the original traceback as its message: its last line is the error.
+    what = [l for l in text.splitlines() if l.strip()][-1].strip()
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', text)
+  else:
+    what = f"{type(error).__name__}: {one_line(text)}"
+    frames = [(f.filename, f.lineno, f.name)
+              for f in traceback.extract_tb(error.__traceback__)]
+  frame = _innermost_own_frame(frames)
+  where = f" ({frame[0]} line {frame[1]})" if frame else ""
+  raised = ("importing it raised" if frame and frame[2] == "<module>" else
+            "get_config() raised")
+  # A TypeError or ValueError is most often a check saying what to change
+  # (`experiments/quickstart.py:tiny`); anything else, a bug in the file.
+  fix = "" if isinstance(error, (TypeError, ValueError)) else "; fix the file"
+  return (f"--{_CONFIG_FLAG}={path}: {raised} {what}{where}{fix} "
+          "(--verbose for the traceback).")
+
+
+def _innermost_own_frame(frames):
+  """(file, line, function) of the innermost frame outside installed
+  packages and Python itself: in the config file or what it calls."""
+  stdlib = sysconfig.get_paths()["stdlib"]
+  ours = [f for f in frames if not f[0].startswith(("<", stdlib)) and
+          not {"site-packages", "dist-packages"} & set(pathlib.Path(
+              f[0]).parts)]
+  return ours[-1] if ours else None
+
+
+@contextlib.contextmanager
+def _quiet_config_loader():
+  """Drops ml_collections' own log lines while the --config file loads
+  (`get_config() returned None, did you forget...`): the error says it."""
+  def keep(record):
+    return not record.pathname.endswith("config_flags.py")
+  logger = absl_logging.get_absl_logger()
+  logger.addFilter(keep)
+  try:
+    yield
+  finally:
+    logger.removeFilter(keep)
 
 
 def flag_error_message(error: Exception, argv) -> str | None:
@@ -108,13 +197,6 @@ def flag_error_message(error: Exception, argv) -> str | None:
   if not isinstance(error, flags.Error):
     return None
   message = str(error)
-  if "Error whilst parsing config file" in message:
-    # ml_collections wraps an exception of get_config() with its whole
-    # traceback; its last line says what went wrong.
-    flag, _, rest = message.partition(": ")
-    last = [l for l in rest.splitlines() if l.strip()][-1].strip()
-    return (f"{flag.removeprefix('flag ')}: get_config() raised {last} "
-            "(--verbose for the traceback)")
   return _override_value_message(message, argv) or one_line(
       message.removeprefix("flag "))
 

@@ -287,22 +287,30 @@ def test_verbose_keeps_the_traceback(tmp_path):
 
 @pytest.mark.parametrize("overrides", [(), ("--config.seed=1",)],
                          ids=["alone", "with_overrides"])
-@pytest.mark.parametrize("problem", ["missing", "not_python"])
+@pytest.mark.parametrize("problem", ["missing", "not_python", "raises"])
 def test_a_config_file_that_cannot_load_is_one_line(tmp_path, problem,
                                                     overrides):
   # With overrides absl loads the file while parsing, without them the
   # first read of the config does: one line either way, naming the file.
+  # (tests/test_user_errors.py has every other way a file can fail.)
   config_file = tmp_path / "experiment.py"
   if problem == "not_python":
     config_file.write_text("def get_config(:\n")
+  if problem == "raises":
+    config_file.write_text("def get_config():\n  return base_config()\n")
   workdir = tmp_path / "run"
   line = _one_error_line(_main(f"--config={config_file}", *overrides,
                                workdir=workdir))
-  assert line.startswith(f"error: --config={config_file}: cannot load the "
-                         "config file"), line
+  assert line.startswith(f"error: --config={config_file}: "), line
   if problem == "not_python":
     assert "not valid Python" in line and "line 1" in line, line
+  elif problem == "raises":
+    assert line.endswith(
+        "get_config() raised NameError: name 'base_config' is not defined "
+        f"({config_file} line 2); fix the file (--verbose for the "
+        "traceback)."), line
   else:
+    assert "cannot load the config file" in line, line
     assert "No such file" in line, line
   assert not workdir.exists()
 
