@@ -13,9 +13,11 @@ by position or a random draw, so it is deterministic across machines and
 does not move when files are added or removed. All chunks of one file land
 in the same split, so validation never sees a piece of a training file.
 
-Binary files (a NUL byte) and files that are not UTF-8 are skipped; the
-`read_*` functions return a `Reading` that names them. Fingerprints of a
-corpus (its files, its documents) are in `data/corpus_manifest.py`.
+A file with a few undecodable bytes is read with them replaced (U+FFFD);
+binary files (a NUL byte), files that are mostly not UTF-8 (the rule:
+`corpus_files.decode`), dangling links and unreadable files are skipped.
+The `read_*` functions return a `Reading` that names both. Fingerprints of
+a corpus (its files, its documents) are in `data/corpus_manifest.py`.
 """
 
 import collections
@@ -42,12 +44,17 @@ class Reading:
   """What reading a corpus found: for the `[data]` lines and for saying
   why a split came out empty."""
   source: str  # e.g. "text files '/data/*.txt'"
+  found_by: str = ''  # e.g. "matched by '/data/*.txt'"
   matched: int = 0  # Files found (glob matches, stdlib .py files).
-  kept: int = 0  # Of those, the files read (all, or what the cap kept).
-  smallest: int = 0  # Bytes of the smallest file found (0 if none).
-  bytes_read: int = 0  # Bytes of the files read.
+  kept: int = 0  # Of those that can be opened, all or what the cap kept.
+  read: int = 0  # Of those kept, the files read (not skipped).
+  smallest: int = 0  # Bytes of the smallest file kept (0 if none).
+  bytes_read: int = 0  # Bytes of the files kept.
   blank: int = 0  # Files read that hold no text (whitespace only).
-  skipped: list = dataclasses.field(default_factory=list)  # (name, why)
+  # (name, why) of every file found and not read, the cap aside.
+  skipped: list = dataclasses.field(default_factory=list)
+  # (name, bytes replaced with U+FFFD) of the files read that had some.
+  replaced: list = dataclasses.field(default_factory=list)
 
 
 def unit_of(doc_id: str) -> str:
@@ -202,26 +209,22 @@ def _log_sizes(source: str, splits: dict[str, list[Document]]) -> None:
       logging.info('%s: the %s split is empty.', source, name)
 
 
-def _decode(data: bytes) -> tuple[str | None, str]:
-  """(text, '') or (None, why it is skipped).
-
-  A NUL byte marks a binary file: NUL is valid UTF-8, so a file of zeros
-  or a compiled object could otherwise decode and become a document.
-  """
-  if b'\0' in data:
-    return None, 'binary'
-  try:
-    return data.decode('utf-8'), ''
-  except UnicodeDecodeError:
-    return None, 'not UTF-8'
-
-
 def _read_files(files: dict[str, epath.Path], reading: Reading,
                 max_corpus_chars: int) -> dict[str, epath.Path]:
-  """The files to read (all, or those the cap keeps), sizes noted."""
-  sizes = {name: corpus_manifest.stat_signature(path)[0] for name, path in files.items()}
+  """The files to read (all, or those the cap keeps), sizes noted.
+
+  A file that cannot be opened (a dangling link) is skipped here, before
+  the cap, so it is named whatever the cap keeps.
+  """
   reading.matched = len(files)
-  reading.smallest = min(sizes.values(), default=0)
+  sizes = {}
+  for name, path in files.items():
+    why = corpus_files.problem(path)
+    if why:
+      reading.skipped.append((name, why))
+    else:
+      sizes[name] = corpus_manifest.stat_signature(path)[0]
+  files = {name: files[name] for name in sizes}
   names = sorted(files)
   if max_corpus_chars > 0:
     # File sizes in bytes stand in for characters when choosing (text is
@@ -229,8 +232,25 @@ def _read_files(files: dict[str, epath.Path], reading: Reading,
     names = sorted(_cap_by_hash(names, [sizes[n] for n in names],
                                 max_corpus_chars))
   reading.kept = len(names)
+  reading.smallest = min(sizes.values(), default=0)
   reading.bytes_read = sum(sizes[n] for n in names)
   return {n: files[n] for n in names}
+
+
+def _texts(files: dict[str, epath.Path],
+           reading: Reading) -> Iterator[tuple[str, epath.Path, str]]:
+  """(name, path, text) of each file that reads as text; the others go to
+  `reading.skipped`, the bytes replaced to `reading.replaced`."""
+  for name, path in files.items():
+    text, why, replaced = corpus_files.read_text(path)
+    if text is None:
+      reading.skipped.append((name, why))
+      continue
+    reading.read += 1
+    reading.blank += not text.strip()
+    if replaced:
+      reading.replaced.append((name, replaced))
+    yield name, path, text
 
 
 def read_python_stdlib(
@@ -239,21 +259,11 @@ def read_python_stdlib(
   """`python_stdlib_documents` and what reading found."""
   _check_args(max_doc_chars, validation_fraction)
   root, files = corpus_files.stdlib_files()
-  reading = Reading(f'the stdlib at {root}')
-  texts = {}
-  for relpath, path in _read_files(files, reading, max_corpus_chars).items():
-    try:
-      # Bytes then decode, so '\r\n' and other line ends survive unchanged.
-      text, why = _decode(path.read_bytes())
-    except OSError as e:
-      text, why = None, f'unreadable: {e.strerror or e}'
-    if text is None:
-      reading.skipped.append((relpath, why))
-    else:
-      texts[relpath] = text
-      reading.blank += not text.strip()
+  reading = Reading(f'the stdlib at {root}', f'in the stdlib at {root}')
+  kept = _read_files(files, reading, max_corpus_chars)
+  texts = {name: text for name, _, text in _texts(kept, reading)}
   logging.info('stdlib corpus: %d files read from %s, %d skipped.',
-               len(texts), root, len(reading.skipped))
+               reading.read, root, len(reading.skipped))
   splits = _documents_from_files(texts, max_doc_chars, validation_fraction)
   _log_sizes('stdlib corpus', splits)
   return splits, reading
@@ -278,29 +288,29 @@ def python_stdlib_documents(
                             max_corpus_chars)[0]
 
 
-def _jsonl_texts(path: epath.Path,
+def _jsonl_texts(path: epath.Path, text: str,
                  text_field: str) -> Iterator[tuple[int, str]]:
-  """Yields (1-based line number, text) for each non-blank JSON line."""
-  with path.open('rb') as f:
-    for line_no, raw in enumerate(f, start=1):
-      if not raw.strip():
-        continue
-      try:
-        record = json.loads(raw)
-      except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CorpusError(
-            f'{path} line {line_no}: not valid JSON ({e}). Each line of a '
-            '.jsonl file must be one JSON object.') from e
-      if not isinstance(record, dict) or text_field not in record:
-        raise CorpusError(
-            f'{path} line {line_no}: no field {text_field!r}. Set the text '
-            'field (config.data.text_field) to the key that holds the text.')
-      text = record[text_field]
-      if not isinstance(text, str):
-        raise CorpusError(
-            f'{path} line {line_no}: field {text_field!r} is '
-            f'{type(text).__name__}, not a string.')
-      yield line_no, text
+  """Yields (1-based line number, text) for each non-blank JSON line of
+  `text` (the file at `path`, read)."""
+  for line_no, line in enumerate(text.split('\n'), start=1):
+    if not line.strip():
+      continue
+    try:  # Without a BOM, as json.loads read bytes before.
+      record = json.loads(line.lstrip('\ufeff'))
+    except json.JSONDecodeError as e:
+      raise CorpusError(
+          f'{path} line {line_no}: not valid JSON ({e}). Each line of a '
+          '.jsonl file must be one JSON object.') from e
+    if not isinstance(record, dict) or text_field not in record:
+      raise CorpusError(
+          f'{path} line {line_no}: no field {text_field!r}. Set the text '
+          'field (config.data.text_field) to the key that holds the text.')
+    field = record[text_field]
+    if not isinstance(field, str):
+      raise CorpusError(
+          f'{path} line {line_no}: field {text_field!r} is '
+          f'{type(field).__name__}, not a string.')
+    yield line_no, field
 
 
 def _add_chunks(split: list[Document], doc_id: str, text: str,
@@ -328,29 +338,27 @@ def read_text_files(
   """`text_files_documents` and what reading found."""
   _check_args(max_doc_chars, validation_fraction)
   _, files = corpus_files.text_files(pattern)
-  reading = Reading(f'text files {pattern!r}')
+  reading = Reading(f'text files {pattern!r}', f'matched by {pattern!r}')
   splits = {'train': [], 'validation': []}
   blank_pieces = 0
-  for relpath, path in _read_files(files, reading, max_corpus_chars).items():
+  kept = _read_files(files, reading, max_corpus_chars)
+  for relpath, path, text in _texts(kept, reading):
     if path.suffix == '.jsonl':
       before = sum(map(len, splits.values()))
-      for line_no, text in _jsonl_texts(path, text_field):
+      for line_no, line_text in _jsonl_texts(path, text, text_field):
         doc_id = f'{relpath}:{line_no}'
         blank_pieces += _add_chunks(
-            splits[_split_of(doc_id, validation_fraction)], doc_id, text,
-            max_doc_chars, first_plain=True)
-      reading.blank += sum(map(len, splits.values())) == before
+            splits[_split_of(doc_id, validation_fraction)], doc_id,
+            line_text, max_doc_chars, first_plain=True)
+      # Blank if it gave no document (`_texts` counted the whole text).
+      reading.blank += (sum(map(len, splits.values())) == before
+                        and bool(text.strip()))
       continue
-    text, why = _decode(path.read_bytes())
-    if text is None:
-      reading.skipped.append((relpath, why))
-      continue
-    reading.blank += not text.strip()
     blank_pieces += _add_chunks(
         splits[_split_of(relpath, validation_fraction)], relpath, text,
         max_doc_chars, first_plain=False)
-  logging.info('text files %r: %d files, %d blank pieces and %d files '
-               'skipped.', pattern, reading.kept, blank_pieces,
+  logging.info('text files %r: %d files read, %d blank pieces and %d files '
+               'skipped.', pattern, reading.read, blank_pieces,
                len(reading.skipped))
   _log_sizes(f'text files {pattern!r}', splits)
   return splits, reading
@@ -383,9 +391,8 @@ def text_files_documents(
 
   Raises:
     CorpusError (a ValueError): nothing matches, or a JSON line is bad (the
-      message names the file and the line). Binary files (a NUL byte) and
-      text files that are not UTF-8 are skipped; `read_text_files` says
-      which.
+      message names the file and the line). Files that cannot be read as
+      text are skipped; `read_text_files` says which, and why.
   """
   return read_text_files(pattern, text_field, max_doc_chars,
                          validation_fraction, max_corpus_chars)[0]

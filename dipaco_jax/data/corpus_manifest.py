@@ -1,7 +1,8 @@
 """Fingerprints of a corpus, so the data stage knows what changed.
 
-* `file_manifest`: the corpus's files (names, sizes, contents), taken
-  before reading them, cheap on a second run (only changed files are read).
+* `file_manifest`: the corpus's files (names, sizes, contents; for a file
+  that cannot be read, why), taken before reading them, cheap on a second
+  run (only changed files are read).
 * `corpus_fingerprint`: the documents a corpus was read into, in order.
 """
 
@@ -10,6 +11,8 @@ import json
 import os
 
 from etils import epath
+
+from dipaco_jax.data import corpus_files
 
 
 def stat_signature(path: epath.Path) -> list[int]:
@@ -33,6 +36,30 @@ def _file_sha256(path: epath.Path) -> str:
     for block in iter(lambda: f.read(1 << 20), b''):
       h.update(block)
   return h.hexdigest()
+
+
+def _entry(name: str, path: epath.Path, known) -> list:
+  """[size, mtime_ns, ctime_ns, sha256] of one file, the sha256 taken from
+  `known` (its previous record) when the stat signature is unchanged.
+
+  A file that cannot be read gets its reason in place of the sha256 (and a
+  zero signature if it cannot even be stat'ed): the reader skips it, and
+  when it becomes readable (a link fixed, a chmod: both change the
+  signature) the fingerprint changes, so the data stage is redone. A
+  reason is never reused (a digest has no ':'), since another user may
+  read what this one could not.
+  """
+  why = corpus_files.problem(path)
+  if why:
+    return [0, 0, 0, why]
+  signature = stat_signature(path)
+  if (known and known[0] == name and known[1:4] == signature
+      and ':' not in known[4]):
+    return [*signature, known[4]]
+  try:
+    return [*signature, _file_sha256(path)]
+  except OSError as e:
+    return [*signature, f'unreadable: {e.strerror or e}']
 
 
 def file_manifest(files: dict[str, epath.Path],
@@ -60,14 +87,9 @@ def file_manifest(files: dict[str, epath.Path],
   record = {}
   h = hashlib.sha256()
   for name, path in sorted(files.items()):
-    signature = stat_signature(path)
-    known = previous.get(os.fspath(path))
-    if known and known[0] == name and known[1:4] == signature:
-      sha = known[4]
-    else:
-      sha = _file_sha256(path)
-    record[os.fspath(path)] = [name, *signature, sha]
-    h.update(json.dumps([name, signature[0], sha]).encode('utf-8') + b'\n')
+    size, *times, sha = _entry(name, path, previous.get(os.fspath(path)))
+    record[os.fspath(path)] = [name, size, *times, sha]
+    h.update(json.dumps([name, size, sha]).encode('utf-8') + b'\n')
   return h.hexdigest(), record
 
 

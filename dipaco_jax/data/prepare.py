@@ -8,13 +8,15 @@ the stage's key, the corpus fingerprint and the tokenizer hash.
 
 Keying. The stage is reused when its key is the one in `info.json`; the key
 covers the data config fields that shape the documents
-(`DATA_STAGE_FIELDS`) and a fingerprint of the inputs taken BEFORE reading
-the corpus: for `text_files` and `python_stdlib` the names, sizes and bytes
-of every file found (a file edited, added or removed changes it; a file
-only touched does not), for `c4` the TFDS name and version, and the bytes
-of `data.tokenizer_model` if given. The trained tokenizer is keyed by a hash
-of the train split's text and its own settings
-(`tokenizer.load_or_train_tokenizer`), so a changed corpus retrains it.
+(`DATA_STAGE_FIELDS`), `_FORMAT` (raised when the same files are read into
+other text) and a fingerprint of the inputs taken BEFORE reading the
+corpus: for `text_files` and `python_stdlib` the names, sizes and bytes of
+every file found, or why it cannot be read (a file edited, added, removed
+or made readable changes it; a file only touched does not), for `c4` the
+TFDS name and version, and the bytes of `data.tokenizer_model` if given.
+The trained tokenizer is keyed by a hash of the train split's text and its
+own settings (`tokenizer.load_or_train_tokenizer`), so a changed corpus
+retrains it.
 The corpus fingerprint and the tokenizer hash (`DataBundle.hashes`) go into
 every later stage's key and into the checkpoints, so everything after a
 changed corpus is recomputed (`stages/experiment.py`).
@@ -36,7 +38,10 @@ from dipaco_jax.data import tokenizer as tokenizer_lib
 from dipaco_jax.store import atomic
 
 _SPLITS = ("train", "validation")
-_FORMAT = 3  # 2: units.npz; 3: inputs fingerprint (older data dirs redone).
+# 2: units.npz; 3: inputs fingerprint; 4: a file with a few undecodable
+# bytes is read with them replaced, no longer skipped (same files, other
+# text). Older data dirs are redone.
+_FORMAT = 4
 _SHOW_SKIPPED = 5  # File names listed in a `[data] skipped` line.
 
 # The data config fields that shape the documents and the tokenizer: they
@@ -160,11 +165,32 @@ def _names(items, limit: int = _SHOW_SKIPPED) -> str:
 
 
 def skipped_line(reading: corpora.Reading) -> str:
-  """`[data] skipped 3 files: a.bin (binary), ...`, or '' if none."""
+  """`[data] skipped 2 of 14 files: a.txt (dangling link), b.bin (binary);
+  read 12 of the 14 matched by '/d/*'`, or '' if none. Counted against
+  every file found, so each one is either read, named or left out by the
+  cap (said too)."""
   if not reading.skipped:
     return ""
-  return (f"[data] skipped {len(reading.skipped)} of {reading.kept} files: "
-          + _names([f"{name} ({why})" for name, why in reading.skipped]))
+  n = reading.matched
+  capped = n - reading.read - len(reading.skipped)
+  return (f"[data] skipped {len(reading.skipped):,} of {n:,} files: "
+          + _names([f"{name} ({why})"
+                    for name, why in sorted(reading.skipped)])
+          + f"; read {reading.read:,} of the {n:,} {reading.found_by}"
+          + (f" ({capped:,} left out by config.data.max_corpus_chars)"
+             if capped else ""))
+
+
+def replaced_line(reading: corpora.Reading) -> str:
+  """`[data] replaced 3 undecodable bytes with U+FFFD in 1 file: a.txt
+  (3)`, or '' if none."""
+  if not reading.replaced:
+    return ""
+  total = sum(count for _, count in reading.replaced)
+  return (f"[data] replaced {_count(total, 'undecodable byte')} with U+FFFD "
+          f"in {_count(len(reading.replaced), 'file')}: "
+          + _names([f"{name} ({count:,})"
+                    for name, count in reading.replaced]))
 
 
 def _count(n: int, what: str) -> str:
@@ -195,14 +221,16 @@ def _fix(data_config, reading: corpora.Reading | None, splits: dict,
   if reading is None:  # c4
     return ("Read more documents (config.data.max_documents, 0 = all) or "
             "check the TFDS copy of C4.")
-  if reading.kept == 0 and d.max_corpus_chars > 0:
+  if (reading.kept == 0 and d.max_corpus_chars > 0
+      and len(reading.skipped) < reading.matched):  # Some file could fit.
     return (f"config.data.max_corpus_chars={d.max_corpus_chars:,} is "
             f"smaller than every file (the smallest has "
             f"{reading.smallest:,} bytes): raise it (0 = no cap).")
   units = _units(splits)
   if not units["train"] and not units["validation"]:
-    if reading.skipped and len(reading.skipped) == reading.kept:
-      kinds = sorted({why for _, why in reading.skipped})
+    if reading.skipped and not reading.read:
+      # The kind only: 'unreadable: Permission denied' -> 'unreadable'.
+      kinds = sorted({why.split(":")[0] for _, why in reading.skipped})
       return (f"Every file read was skipped ({', '.join(kinds)}): the "
               "corpus must be UTF-8 text (.txt, .py, .md, ... or .jsonl); "
               "point config.data.text_glob at such files.")
@@ -266,7 +294,8 @@ def _why_again(info: dict, key: str, config_key: str, inputs: dict,
     return ""
   if info.get("key") == key:
     return ": its tokenizer was replaced since"
-  if "config_key" not in info:
+  # Written since format 4: before it, the format was in config_key only.
+  if info.get("format", 3) != _FORMAT:
     return ": data/ was made by an older version"
   reasons = []
   if info.get("config_key") != config_key:
@@ -321,8 +350,10 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
         + _why_again(info, key, config_key, inputs, previous, record),
         flush=True)
   splits, reading = read_corpus(data_config)
-  if reading is not None and reading.skipped:
-    print(skipped_line(reading), flush=True)
+  if reading is not None:  # c4 has no files to name.
+    for line in (skipped_line(reading), replaced_line(reading)):
+      if line:
+        print(line, flush=True)
   check_splits(data_config, splits, reading)
   # From here on data/ is rewritten: first drop info.json, so that a crash
   # half-way leaves no key that would reuse a mix of old and new files.
@@ -349,7 +380,8 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
                     if data_config.tokenizer_model else
                     epath.Path(workdir) / "tokenizer" / "spm.model")
   atomic.write_text(info_path, json.dumps({
-      "key": key, "config_key": config_key, "inputs": inputs,
+      "key": key, "config_key": config_key, "format": _FORMAT,
+      "inputs": inputs,
       "hashes": hashes, "tokenizer_path": os.fspath(tokenizer_path),
       **{f"{s}_documents": len(docs[s]) for s in _SPLITS},
       **{f"{s}_tokens": docs[s].num_tokens for s in _SPLITS}}, indent=1))
