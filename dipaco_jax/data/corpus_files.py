@@ -110,17 +110,20 @@ def problem(path: epath.Path) -> str:
   return '' if stat.S_ISREG(mode) else 'not a regular file'
 
 
-def read_text(path: epath.Path) -> tuple[str | None, str, int]:
-  """(text, '', bytes replaced) or (None, why it is skipped, 0)."""
+def read_text(path: epath.Path, replace: bool = True
+              ) -> tuple[str | None, str, int]:
+  """(text, '', bytes replaced) or (None, why it is skipped, 0); with
+  `replace` False any undecodable byte skips the file (`decode`)."""
   try:
     # Bytes then decode, so '\r\n' and other line ends survive unchanged.
     data = path.read_bytes()
   except OSError as e:
     return None, f'unreadable: {e.strerror or e}', 0
-  return decode(data)
+  return decode(data, replace)
 
 
-def decode(data: bytes) -> tuple[str | None, str, int]:
+def decode(data: bytes, replace: bool = True
+           ) -> tuple[str | None, str, int]:
   """(text, '', bytes replaced) or (None, why it is skipped, 0).
 
   The rule. A NUL byte means binary: NUL is valid UTF-8 and never in text,
@@ -130,7 +133,9 @@ def decode(data: bytes) -> tuple[str | None, str, int]:
   1% of the bytes are undecodable (random bytes: about half; a UTF-8 file
   with a stray byte: far below) the file is another encoding (latin-1 text
   in a language with accents) or binary, and replacing would feed the model
-  garbled text: it is skipped as not UTF-8.
+  garbled text: it is skipped as not UTF-8. Without `replace` (the
+  embedded stdlib corpus, whose only such files are the encoding tests'
+  deliberately malformed sources) any undecodable byte skips the file.
   """
   if b'\0' in data:
     return None, 'binary', 0
@@ -140,7 +145,7 @@ def decode(data: bytes) -> tuple[str | None, str, int]:
     pass
   text = data.decode('utf-8', errors='replace')
   replaced = _replaced_bytes(data, text)
-  if replaced > _MAX_UNDECODABLE_SHARE * len(data):
+  if replaced > (_MAX_UNDECODABLE_SHARE * len(data) if replace else 0):
     return None, (f'not UTF-8: {replaced:,} of {len(data):,} bytes '
                   'undecodable'), 0
   return text, '', replaced
