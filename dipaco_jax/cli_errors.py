@@ -361,9 +361,23 @@ def user_errors(verbose: bool):
   """Reports a user error raised inside as one line and exits 2; anything
   else (a bug) propagates with its traceback, as does everything with
   `verbose`."""
+  if not verbose:
+    sys.unraisablehook = quiet_closed_loops(sys.unraisablehook)
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
     if verbose or not is_user_error(e):
       raise
     fail(str(e))
+
+
+def quiet_closed_loops(previous):
+  """An unraisable-exception hook without asyncio's `Event loop is closed`:
+  after a failed orbax read, tensorstore's other reads still finish and
+  call back into the loop orbax has closed, each printing a traceback,
+  after the error's one line (or before it)."""
+  def hook(unraisable):
+    e = unraisable.exc_value
+    if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+      previous(unraisable)
+  return hook

@@ -2,7 +2,7 @@ r"""Command line: a trained model as a standalone dense model.
 
   python -m dipaco_jax.export --workdir=DIR --path=P --out=OUT
   python -m dipaco_jax.export --workdir=DIR --dense --out=OUT
-  python -m dipaco_jax.export --workdir=DIR --all --out=OUT
+  python -m dipaco_jax.export --workdir=DIR --all --out=OUT [--overwrite]
 
 --path=P writes path P of the workdir's main DiPaCo run: the parameters
 evaluation scores for it (its final modules, or its early-stopping
@@ -18,9 +18,13 @@ model routing features come from and the routers (the document router and
 the learned window router, if fit), so that `python -m dipaco_jax.generate
 --export=OUT` routes as it does from the workdir (`inference/sources.py`).
 
+OUT must be new or empty: an export is refused over anything, unless
+--overwrite, which replaces an earlier export whole (never leaving an old
+file beside a new one) and nothing else (`inference/command_export.py`).
+
 Mistakes (a bad flag, a path the workdir does not have, an unfinished
-workdir) are one line, `error: <message>`, exit status 2; `--verbose`
-shows the traceback.
+workdir, an occupied OUT) are one line, `error: <message>`, exit status 2;
+`--verbose` shows the traceback.
 """
 
 from absl import app
@@ -33,7 +37,12 @@ from dipaco_jax.inference import cli
 
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "The workdir of a finished python -m dipaco_jax.main job.")
-_OUT = flags.DEFINE_string("out", None, "Directory to write (new or empty).")
+_OUT = flags.DEFINE_string(
+    "out", None, "Directory to write (new or empty; --overwrite replaces an "
+    "export there).")
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite", False, "Replace the export already in --out (only an "
+    "export: any other file there is refused).")
 _PATH = flags.DEFINE_integer("path", None, "Export this path (0 .. P - 1).")
 _DENSE = flags.DEFINE_bool("dense", False, "Export the dense baseline.")
 _ALL = flags.DEFINE_bool(
@@ -58,7 +67,8 @@ def main(argv):
     # Imported here: a mistake on the command line costs no JAX start-up.
     from dipaco_jax.inference import command_export  # pylint: disable=g-import-not-at-top
     for line in command_export.export(_WORKDIR.value, _OUT.value,
-                                      _PATH.value, _DENSE.value, _ALL.value):
+                                      _PATH.value, _DENSE.value, _ALL.value,
+                                      _OVERWRITE.value):
       print(f"[export] {line}", flush=True)
 
 

@@ -8,7 +8,10 @@ random, so the paths differ.
 """
 
 import inspect
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -18,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dipaco_jax import cli_errors
 from dipaco_jax import errors
 from dipaco_jax import testing
 from dipaco_jax.data import tokenizer as tokenizer_lib
@@ -313,9 +317,16 @@ def test_short_prompt_is_routed_on_the_tokens_it_has(routed_model, rerouted,
   assert f"read its first {PREFIX}" in out  # the long prompt
 
 
+@pytest.fixture(scope="module")
+def all_export(tiny, tmp_path_factory):
+  out = tmp_path_factory.mktemp("exports") / "all"
+  command_export.export(str(tiny[0]), str(out), None, False, True)
+  return out
+
+
 def test_generation_from_an_export_equals_the_workdirs(tiny, routed_model,
-                                                       tmp_path):
-  command_export.export(str(tiny[0]), str(tmp_path), None, False, True)
+                                                       all_export):
+  tmp_path = all_export
   again = sources.from_export(tmp_path)
   r = routed_model
   prompts = _prompts(r.tokenizer, PROMPTS)
@@ -360,3 +371,124 @@ def test_bad_path_is_one_line_naming_the_flag(tiny, tmp_path):
     command_generate.check_flags(sources.RoutedModel(
         None, None, [0] * 4, [], None, None, "", PREFIX, 40), -1, 0,
                                  "learned")
+
+
+# --- A damaged export is one line; --overwrite replaces an export whole ------
+
+
+@pytest.fixture(scope="module")
+def path_export(tiny, tmp_path_factory):
+  out = tmp_path_factory.mktemp("exports") / "path_2"
+  command_export.export(str(tiny[0]), str(out), 2, False, False)
+  return out
+
+
+def _files(directory):
+  return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+def _flip_byte(path):
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0x10
+  path.write_bytes(bytes(data))
+
+
+def _set_json(file, **fields):
+  file.write_text(json.dumps({**json.loads(file.read_text()), **fields}))
+
+
+def _commit_marker(directory):
+  return directory / "params" / atomic.COMMIT_MARKER
+
+
+def test_a_damaged_export_is_one_line_naming_the_file(tiny, path_export,
+                                                      tmp_path, capsys):
+  embedding = "params/item/embed_head.embedding"
+  redo = (f"; export it again: python -m dipaco_jax.export --workdir="
+          f"{tiny[0]} --path=2 --out={{out}} --overwrite")
+  cases = {
+      "truncated": (lambda d: os.truncate(next((d / embedding).glob("0*")),
+                                          100),
+                    r"params is damaged: unreadable \(.*Error reading local "
+                    r"file .*embed_head\.embedding/0.*\)"),
+      "bit flipped": (lambda d: _flip_byte(next((d / embedding).glob("0*"))),
+                      r"params is damaged: digest mismatch in "
+                      r"\['embed_head'\]\['embedding'\]"),
+      "no marker": (lambda d: _commit_marker(d).unlink(),
+                    r"params is damaged: no COMMITTED\.json"),
+      "no tokenizer": (lambda d: (d / "spm.model").unlink(),
+                       r"spm\.model is damaged: missing"),
+      "tokenizer flipped": (lambda d: _flip_byte(d / "spm.model"),
+                            r"spm\.model is damaged: not a SentencePiece "
+                            r"model \(.+\)"),
+      "other tokenizer": (lambda d: _set_json(d / "model.json", **{
+          "tokenizer_sha256": "0" * 64}), r"spm\.model is damaged: sha256 "
+                          r"[0-9a-f]{16}\.\.\., written with 0{16}\.\.\."),
+      "model.json": (lambda d: (d / "model.json").write_text('{"model": '),
+                     r"model\.json is damaged: not JSON \(.+\)"),
+  }
+  for name, (damage, message) in cases.items():
+    out = tmp_path / name.replace(" ", "_")
+    shutil.copytree(path_export, out)
+    damage(out)
+    with pytest.raises(exported.DamagedExportError) as e:
+      sources.from_export(out)
+    assert re.fullmatch(f"{out}/{message}" + re.escape(redo.format(out=out)),
+                        str(e.value)), (name, str(e.value))
+  # The command prints it alone, exit status 2.
+  with pytest.raises(SystemExit) as e, cli_errors.user_errors(verbose=False):
+    sources.from_export(out)
+  assert e.value.code == 2
+  assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_damaged_export_of_everything_names_the_file(tiny, all_export,
+                                                      tmp_path):
+  redo = (f"; export it again: python -m dipaco_jax.export --workdir="
+          f"{tiny[0]} --all --out={{out}} --overwrite")
+  cases = {
+      "routing.json": (lambda d: os.truncate(d / "routing.json", 50),
+                       r"routing\.json is damaged: not JSON \(.+\)"),
+      "router": (lambda d: _flip_byte(d / "router" / "document.npz"),
+                 r"router/document\.npz is damaged: BadZipFile: .+"),
+      "a path": (lambda d: shutil.rmtree(d / "path_000"),
+                 r"path_000/model\.json is damaged: missing"),
+  }
+  for name, (damage, message) in cases.items():
+    out = tmp_path / name.replace(" ", "_")
+    shutil.copytree(all_export, out)
+    damage(out)
+    with pytest.raises(exported.DamagedExportError) as e:
+      sources.from_export(out)
+    assert re.fullmatch(f"{out}/{message}" + re.escape(redo.format(out=out)),
+                        str(e.value)), (name, str(e.value))
+
+
+def test_an_export_from_before_the_digests_still_loads(path_export,
+                                                       tmp_path):
+  out = tmp_path / "old"
+  shutil.copytree(path_export, out)
+  for file, key in ((_commit_marker(out), "digests"),
+                    (out / "model.json", "tokenizer_sha256")):
+    content = json.loads(file.read_text())
+    del content[key]
+    file.write_text(json.dumps(content))
+  _flip_byte(next((out / "params/item/embed_head.embedding").glob("0*")))
+  # Unverified: the flipped bit goes unseen, as it did then.
+  assert exported.load_model(out).info["source"]["path"] == 2
+
+
+def test_overwrite_replaces_an_export_whole(tiny, path_export, tmp_path):
+  out = tmp_path / "out"
+  shutil.copytree(path_export, out)
+  (out / "path_007").mkdir()  # As an earlier export of everything left.
+  with pytest.raises(errors.UserError, match=r"already holds an export; give "
+                     "--overwrite to replace it, or another --out"):
+    command_export.export(str(tiny[0]), str(out), 1, False, False)
+  lines = command_export.export(str(tiny[0]), str(out), 1, False, False,
+                                overwrite=True)
+  assert lines == [f"path 1 (experts 0/1) of runs/dipaco at step 2 "
+                   f"(early-stopping snapshot) -> {out}"]
+  assert _files(out) == _files(path_export)  # path_007 went too
+  assert exported.load_model(out).info["source"]["path"] == 1
+  assert os.listdir(tmp_path) == ["out"]  # Nothing staged is left.

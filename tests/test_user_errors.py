@@ -4,11 +4,16 @@ export, a full disk, a step too big for the device. The command-line
 behaviour itself (one line, exit status 2) is tested by subprocess in
 tests/test_config_validation.py; here the messages, in process."""
 
+import os
+import re
 import sys
+import types
 
+from etils import epath
 import pytest
 
 from dipaco_jax import cli_errors
+from dipaco_jax import errors
 
 
 # --- A --config file that gives no config -----------------------------------
@@ -67,3 +72,94 @@ def test_a_config_file_that_loads_is_no_problem():
   assert cli_errors.config_file_problem(
       ["main", "--config=experiments/quickstart.py:small"]) is None
   assert cli_errors.config_file_problem(["main", "--workdir=/w"]) is None
+
+
+# --- Exporting into an occupied --out ----------------------------------------
+
+
+def _fake_export(directory, path=0):
+  """What save_path writes, without a model (`inference/exported.py`)."""
+  (directory / "params" / "item").mkdir(parents=True)
+  (directory / "params" / "item" / "array").write_text(f"path {path}")
+  (directory / "model.json").write_text("{}")
+  (directory / "spm.model").write_text("tokenizer")
+
+
+@pytest.fixture
+def fake_export(monkeypatch):
+  """command_export.export on a stand-in workdir of 4 paths, whose save
+  writes `_fake_export` (or fails when the test says)."""
+  from dipaco_jax.inference import command_export  # pylint: disable=g-import-not-at-top
+  fails = []
+
+  def save_path(w, path, out, params=None):
+    del w, params
+    _fake_export(epath.Path(out), path)
+    if fails:
+      raise OSError(28, "No space left on device")
+    return f"path {path} -> {out}"
+  monkeypatch.setattr(command_export.workdir_lib, "TrainedWorkdir",
+                      lambda workdir: types.SimpleNamespace(num_paths=4))
+  monkeypatch.setattr(command_export, "save_path", save_path)
+
+  def export(out, path, overwrite=False, fail=False):
+    fails[:] = [True] if fail else []
+    return command_export.export("/w", str(out), path, False, False,
+                                 overwrite)
+  return export
+
+
+def _tree(directory):
+  return {str(p.relative_to(directory)): p.read_text()
+          for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_export_into_a_non_empty_directory_is_refused(tmp_path, fake_export):
+  out = tmp_path / "notes"
+  out.mkdir()
+  (out / "todo.txt").write_text("mine")
+  for overwrite in (False, True):  # --overwrite replaces only an export.
+    with pytest.raises(errors.UserError, match=re.escape(
+        f"--out={out} is not empty (todo.txt) and holds no export; give a "
+        "new or empty directory (--overwrite replaces an export, nothing "
+        "else).")):
+      fake_export(out, 1, overwrite)
+  # An export with a file of the user's beside it: refused too.
+  _fake_export(tmp_path / "export")
+  (tmp_path / "export" / "README.txt").write_text("mine")
+  with pytest.raises(errors.UserError, match=r"holds files an export does "
+                     r"not write \(README\.txt\)"):
+    fake_export(tmp_path / "export", 1, overwrite=True)
+  assert sorted(os.listdir(tmp_path)) == ["export", "notes"]
+  assert _tree(out) == {"todo.txt": "mine"}
+
+
+def test_overwrite_replaces_an_export_and_a_failure_keeps_it(tmp_path,
+                                                            fake_export):
+  out = tmp_path / "out"
+  assert fake_export(out, 2) == [f"path 2 -> {out}"]
+  with pytest.raises(errors.UserError, match="already holds an export; give "
+                     "--overwrite to replace it, or another --out."):
+    fake_export(out, 1)
+  (out / "path_007").mkdir()  # Left by an earlier export of everything.
+  before = _tree(out)
+  # A failed export (a full disk) leaves the earlier one as it was.
+  with pytest.raises(OSError):
+    fake_export(out, 1, overwrite=True, fail=True)
+  assert _tree(out) == before and (out / "path_007").is_dir()
+  assert fake_export(out, 1, overwrite=True) == [f"path 1 -> {out}"]
+  assert _tree(out) == {"model.json": "{}", "params/item/array": "path 1",
+                        "spm.model": "tokenizer"}
+  assert not (out / "path_007").exists()
+  assert os.listdir(tmp_path) == ["out"]  # Nothing staged is left.
+
+
+def test_after_a_failed_read_closed_loop_noise_is_dropped():
+  # Tensorstore's reads that finish after orbax closed its event loop
+  # print a traceback each, around the error's one line.
+  seen = []
+  hook = cli_errors.quiet_closed_loops(seen.append)
+  for error in (RuntimeError("Event loop is closed"), RuntimeError("other"),
+                ValueError("Event loop is closed")):
+    hook(types.SimpleNamespace(exc_value=error))
+  assert [str(u.exc_value) for u in seen] == ["other", "Event loop is closed"]

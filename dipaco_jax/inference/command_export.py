@@ -1,7 +1,16 @@
 """What `python -m dipaco_jax.export` does, without its flags (so that
 tests and scripts can call it): the choice of what to export, and writing
 one path, the dense baseline, or everything (`sources.py` describes an
-export of everything, `exported.py` a model directory)."""
+export of everything, `exported.py` a model directory).
+
+--out must be new or empty; with --overwrite it may hold an earlier export
+(nothing but what an export writes), which the new one replaces whole. The
+export is written beside it, in `.OUT.partial`, and renamed into place once
+complete: a failed or killed export leaves the earlier one as it was, and
+never an old file beside a new one.
+"""
+
+import re
 
 from etils import epath
 
@@ -12,6 +21,10 @@ from dipaco_jax.inference import workdir as workdir_lib
 from dipaco_jax.store import atomic
 
 _ROUTER_DIR = "router"
+# The names an export writes at its top (`exported.py`, `sources.py`).
+_EXPORT_NAMES = re.compile(
+    rf"{exported.MODEL_FILE}|{exported.PARAMS_DIR}|{exported.TOKENIZER_FILE}"
+    rf"|{sources.ROUTING_FILE}|path_\d{{3,}}|dense|features|{_ROUTER_DIR}")
 
 
 def check_choice(path, dense: bool, everything: bool, num_paths: int) -> None:
@@ -24,19 +37,71 @@ def check_choice(path, dense: bool, everything: bool, num_paths: int) -> None:
         f"{num_paths - 1}; give one of them (or --all).")
 
 
-def export(workdir: str, out: str, path, dense: bool,
-           everything: bool) -> list[str]:
-  """Writes the export; returns the lines to print."""
+def check_out(out, overwrite: bool) -> None:
+  """--out is new or empty, or (with --overwrite) holds an export only."""
+  out = epath.Path(out)
+  names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+  if not names:
+    return
+  held = exported.is_model_dir(out) or sources.is_export(out)
+  strangers = [n for n in names if not _EXPORT_NAMES.fullmatch(n)]
+  if held and not strangers:
+    if overwrite:
+      return
+    raise errors.UserError(f"--out={out} already holds an export; give "
+                           "--overwrite to replace it, or another --out.")
+  listed = ", ".join(strangers[:3]) + (
+      f" and {len(strangers) - 3} more" if len(strangers) > 3 else "")
+  what = (f"holds files an export does not write ({listed})" if held else
+          f"is not empty ({listed or ', '.join(names[:3])}) and holds no "
+          "export")
+  raise errors.UserError(
+      f"--out={out} {what}; give a new or empty directory (--overwrite "
+      "replaces an export, nothing else).")
+
+
+def export(workdir: str, out: str, path, dense: bool, everything: bool,
+           overwrite: bool = False) -> list[str]:
+  """Writes the export (module docstring); returns the lines to print."""
+  check_out(out, overwrite)
   w = workdir_lib.TrainedWorkdir(workdir)
   check_choice(path, dense, everything, w.num_paths)
-  if exported.is_model_dir(out) or sources.is_export(out):
-    raise errors.UserError(f"--out={out} already holds an export; remove it "
-                           "or give another --out.")
-  if everything:
-    return save_all(w, out)
-  if dense:
-    return [save_dense(w, out)]
-  return [save_path(w, path, out)]
+  out = epath.Path(out)
+  remote = "://" in str(out)
+  # A local rename keeps the earlier export whole until the new one is;
+  # an object store has no directory rename: the earlier one goes first.
+  staging = out if remote else out.parent / f".{out.name}.partial"
+  if remote and overwrite and out.exists():
+    out.rmtree()
+  if staging.exists():
+    staging.rmtree()  # A killed export's leftover.
+  try:
+    if everything:
+      lines = save_all(w, staging)
+    elif dense:
+      lines = [save_dense(w, staging)]
+    else:
+      lines = [save_path(w, path, staging)]
+    if not remote:
+      _replace(out, staging)
+  except BaseException:
+    if not remote and staging.exists():
+      staging.rmtree()
+    raise
+  return [line.replace(str(staging), str(out)) for line in lines]
+
+
+def _replace(out: epath.Path, staging: epath.Path) -> None:
+  """Renames the finished `staging` to `out`; an earlier `out` (empty, or
+  an export) is renamed aside first and deleted after."""
+  old = out.parent / f".{out.name}.old"
+  if old.exists():
+    old.rmtree()
+  if out.exists():
+    out.rename(old)
+  staging.rename(out)
+  if old.exists():
+    old.rmtree()
 
 
 def save_all(w: workdir_lib.TrainedWorkdir, out) -> list[str]:

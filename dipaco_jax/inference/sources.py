@@ -80,7 +80,8 @@ def is_export(directory) -> bool:
 
 def from_export(directory) -> RoutedModel:
   """An export of everything (module docstring), or of one model (then
-  without routing)."""
+  without routing). A damaged file is one line naming it and the command
+  that exports it again (`exported.DamagedExportError`)."""
   directory = epath.Path(directory)
   if exported.is_model_dir(directory):
     one = exported.load_model(directory)
@@ -93,19 +94,50 @@ def from_export(directory) -> RoutedModel:
         f"--export={directory} has neither {ROUTING_FILE} nor "
         f"{exported.MODEL_FILE}: give a directory written by python -m "
         "dipaco_jax.export.")
-  spec = json.loads((directory / ROUTING_FILE).read_text())
-  paths = [exported.load_model(directory / name) for name in spec["paths"]]
-  features = exported.load_model(directory / spec["features"])
-  window = spec["window_router"]
-  routing = routing_lib.Routing(
-      router_lib.Router.load(directory / spec["document_router"]),
-      router_lib.Router.load(directory / window) if window else None,
-      spec["feature_kind"], features.model, features.params,
-      spec["prefix_len"], spec["seq_len"], spec["every"], spec["batch_size"])
-  return RoutedModel(paths[0].tokenizer, paths[0].model,
-                     [m.params for m in paths], spec["path_names"], routing,
-                     spec["window_router_info"], f"export {directory}",
-                     spec["prefix_len"], spec["seq_len"])
+  spec, redo = _read_spec(directory)
+  try:
+    paths = [exported.load_model(directory / name, redo)
+             for name in spec["paths"]]
+    features = exported.load_model(directory / spec["features"], redo)
+    window = spec["window_router"]
+    document_router = _router(directory / spec["document_router"], redo)
+    routing = routing_lib.Routing(
+        document_router, _router(directory / window, redo) if window else
+        None, spec["feature_kind"], features.model, features.params,
+        spec["prefix_len"], spec["seq_len"], spec["every"], spec["batch_size"])
+    return RoutedModel(paths[0].tokenizer, paths[0].model,
+                       [m.params for m in paths], spec["path_names"], routing,
+                       spec["window_router_info"], f"export {directory}",
+                       spec["prefix_len"], spec["seq_len"])
+  except (KeyError, TypeError, IndexError) as e:  # Fields routing.json lacks.
+    raise exported.damaged(directory / ROUTING_FILE,
+                           f"{type(e).__name__}: {e}", redo) from e
+
+
+def _read_spec(directory: epath.Path) -> tuple[dict, str]:
+  """routing.json, and the command that writes the export again (from
+  where its models say they came from)."""
+  models = [*sorted(directory.glob("path_*")), directory / "dense"]
+  redo = exported.reexport_command(directory, next(
+      filter(None, map(exported.source_of, models)), None), "--all")
+  try:
+    spec = json.loads((directory / ROUTING_FILE).read_text())
+    if not isinstance(spec, dict):
+      raise ValueError(f"a JSON {type(spec).__name__}, not an object")
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise exported.damaged(directory / ROUTING_FILE, f"not JSON ({e})",
+                           redo) from e
+  return spec, redo
+
+
+def _router(path: epath.Path, redo: str) -> router_lib.Router:
+  try:
+    return router_lib.Router.load(path)
+  except Exception as e:  # pylint: disable=broad-except
+    # numpy and zipfile raise many types for a missing or damaged .npz (a
+    # flipped bit fails its CRC).
+    raise exported.damaged(path, "missing" if not path.exists() else
+                           f"{type(e).__name__}: {e}", redo) from e
 
 
 def _model_name(source: dict) -> str:
