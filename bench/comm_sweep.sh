@@ -74,13 +74,15 @@
 #   overlap_tau5_int4_ef_down_int4  (built after that run, not run)
 #                         overlap at tau = 5 with int4 both ways
 # The reference aggregation and PowerSGD's shared subspace (2026-11-29,
-# the 42M model above, NAMES="sparseloco_senders lowrank_shared_int4_ef";
-# fixed before the run, not chosen):
+# the default 8.4M model, NAMES="sparseloco sparseloco_senders
+# lowrank_shared_int4_ef"; then sparseloco_senders on the 42M model above,
+# its MODEL and MAX_CHARS=400000000, NAMES="sparseloco_senders"; fixed
+# before the runs, not chosen):
 #   sparseloco_senders    sparseloco, each coordinate averaged over the
 #                         workers that sent it (diloco.sparse_aggregate)
 #   lowrank_shared_int4_ef  one rank-24 subspace per module shared by its
 #                         users (compression=lowrank_shared), int4 factors
-#                         (about 100x fewer bytes at 42M),
+#                         (98.4x fewer bytes at 8.4M),
 #                         plain error feedback, outer averaging as
 #                         sparseloco (PowerSGD pairs feedback with plain
 #                         averaging; under Nesterov the per-worker arm

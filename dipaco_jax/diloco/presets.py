@@ -21,9 +21,9 @@ What each sets, and why (the measurements: docs/communication.md):
   sparseloco  SparseLoCo: top 64 of every 4096 entries with 2-bit values,
               error feedback decayed by 0.95, outer averaging (SGD lr 1, no
               momentum: the feedback acts as momentum), each coordinate
-              averaged over its senders. +22.65% at 136.5x fewer bytes up
-              (DiLoCo x8, 8.4M, one H200; +200% with the mean), +0.06% on a
-              CPU toy.
+              averaged over its senders. +22.65% at 8.4M and +10.50% at 42M,
+              136.5x fewer bytes up (DiLoCo x8, one H200; +200% and +73%
+              with the mean), +0.06% on a CPU toy.
 """
 
 import sys
