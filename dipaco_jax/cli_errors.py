@@ -357,27 +357,26 @@ def is_user_error(error: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def user_errors(verbose: bool):
-  """Reports a user error raised inside as one line and exits 2; anything
-  else (a bug) propagates with its traceback, as does everything with
-  `verbose`."""
+def user_errors(verbose: bool, disk_flag: str = "--workdir"):
+  """Reports a user error raised inside as one line and exits 2: an error
+  meant for the user, a full disk (`disk_flag` is where the writes can go
+  instead), device memory exhausted; anything else (a bug) propagates with
+  its traceback, as does everything with `verbose`."""
   if not verbose:
-    sys.unraisablehook = quiet_closed_loops(sys.unraisablehook)
+    errors.quiet_noise()
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
-    if verbose or not is_user_error(e):
+    if verbose:
       raise
-    fail(str(e))
+    message = errors.disk_full_message(e, disk_flag) or _memory_message(e)
+    if message is None and not is_user_error(e):
+      raise
+    fail(message or str(e))
 
 
-def quiet_closed_loops(previous):
-  """An unraisable-exception hook without asyncio's `Event loop is closed`:
-  after a failed orbax read, tensorstore's other reads still finish and
-  call back into the loop orbax has closed, each printing a traceback,
-  after the error's one line (or before it)."""
-  def hook(unraisable):
-    e = unraisable.exc_value
-    if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
-      previous(unraisable)
-  return hook
+def _memory_message(error: Exception) -> str | None:
+  """One line for device memory exhausted, naming the config fields that
+  size a step (`train/memory_estimate.py`, loaded once a config is)."""
+  estimate = sys.modules.get("dipaco_jax.train.memory_estimate")
+  return None if estimate is None else estimate.out_of_memory_message(error)

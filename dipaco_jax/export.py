@@ -60,7 +60,7 @@ def main(argv):
     # Orbax warns on every save of a non-OCDBT item (store.items writes
     # those) that it skips merging OCDBT files: noise here.
     logging.set_verbosity(logging.ERROR)
-  with cli_errors.user_errors(verbose=_VERBOSE.value):
+  with cli_errors.user_errors(verbose=_VERBOSE.value, disk_flag="--out"):
     # Before the workdir is read: the choice itself needs no JAX.
     if (_PATH.value is not None) + _DENSE.value + _ALL.value != 1:
       raise errors.UserError("give one of --path=P, --dense or --all.")

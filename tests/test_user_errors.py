@@ -4,8 +4,11 @@ export, a full disk, a step too big for the device. The command-line
 behaviour itself (one line, exit status 2) is tested by subprocess in
 tests/test_config_validation.py; here the messages, in process."""
 
+import errno
+import logging
 import os
 import re
+import shutil
 import sys
 import types
 
@@ -158,8 +161,100 @@ def test_after_a_failed_read_closed_loop_noise_is_dropped():
   # Tensorstore's reads that finish after orbax closed its event loop
   # print a traceback each, around the error's one line.
   seen = []
-  hook = cli_errors.quiet_closed_loops(seen.append)
+  hook = errors.quiet_closed_loops(seen.append)
   for error in (RuntimeError("Event loop is closed"), RuntimeError("other"),
                 ValueError("Event loop is closed")):
     hook(types.SimpleNamespace(exc_value=error))
   assert [str(u.exc_value) for u in seen] == ["other", "Event loop is closed"]
+
+
+# --- A full disk --------------------------------------------------------------
+
+_ORBAX_DISK_FULL = (
+    'RESOURCE_EXHAUSTED: Error writing "opt_state.1.0.count/0" in OCDBT '
+    'database at local file "{ckpt}/300.orbax-checkpoint-tmp/inner.orbax-'
+    'checkpoint-tmp/ocdbt.process_0/": Failed writing: "{ckpt}/300.orbax-'
+    'checkpoint-tmp/inner.orbax-checkpoint-tmp/ocdbt.process_0/d/6848": '
+    "Failed to write 9478144 bytes to file 22: No space left on device "
+    "[os_error_code='28']")
+
+
+def _free(path):
+  return errors.format_bytes(shutil.disk_usage(path).free)
+
+
+def _raised(error, cause=None):
+  """`error` as raised (with a traceback), from `cause`."""
+  try:
+    raise error from cause
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+
+
+def test_disk_full_in_a_checkpoint_names_the_step_and_its_size(tmp_path):
+  ckpt = tmp_path / "runs" / "dipaco" / "checkpoints"
+  (ckpt / "150" / "inner").mkdir(parents=True)
+  (ckpt / "150" / "inner" / "data").write_bytes(b"x" * 3000)
+  # As orbax raises it: tensorstore's status in a ValueError, wrapped again.
+  error = _raised(RuntimeError("save failed"), _raised(ValueError(
+      _ORBAX_DISK_FULL.format(ckpt=ckpt))))
+  assert errors.disk_full_message(error) == (
+      f"disk full writing {ckpt}/300 (the checkpoint is about 2.9 KiB, "
+      f"{_free(tmp_path)} free there); free space or point --workdir "
+      "elsewhere.")
+  # The run's first checkpoint: what the failed write needed, at least.
+  shutil.rmtree(ckpt / "150")
+  assert errors.disk_full_message(error, "--out").startswith(
+      f"disk full writing {ckpt}/300 (needs at least 9.0 MiB more, ")
+
+
+def test_disk_full_in_a_plain_write_names_the_file(tmp_path):
+  # An OSError of a write has no file name: the open file in the frame
+  # where it was raised has it (an atomic write's temporary stands for the
+  # file it becomes).
+  def write(path):
+    with open(path, "wb") as f:
+      f.write(b"")
+      raise OSError(errno.ENOSPC, "No space left on device")
+  tmp = tmp_path / f".train.npz.tmp-12-{'a' * 32}"
+  with pytest.raises(OSError) as e:
+    write(tmp)
+  # A cleanup that failed the same way after it: the first failure wins.
+  later = _raised(OSError(errno.ENOSPC, "No space left on device"), None)
+  later.__context__ = e.value
+  assert errors.disk_full_message(later) == (
+      f"disk full writing {tmp_path}/train.npz ({_free(tmp_path)} free "
+      "there); free space or point --workdir elsewhere.")
+  named = OSError(errno.ENOSPC, "No space left on device",
+                  str(tmp_path / "results.json"))
+  assert errors.disk_full_message(named).startswith(
+      f"disk full writing {tmp_path}/results.json (")
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.EACCES, "Permission denied", "/w/x"),
+    ValueError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+               "123 bytes."),
+    KeyError("step"),
+])
+def test_other_errors_are_no_full_disk(error):
+  assert errors.disk_full_message(error) is None
+
+
+def test_a_full_disk_is_one_line_and_orbax_logs_of_it_are_dropped(
+    tmp_path, capsys):
+  ckpt = tmp_path / "checkpoints"
+  with pytest.raises(SystemExit) as e, cli_errors.user_errors(verbose=False):
+    raise ValueError(_ORBAX_DISK_FULL.format(ckpt=ckpt))
+  assert e.value.code == 2
+  assert capsys.readouterr().err == (
+      f"error: disk full writing {ckpt}/300 (needs at least 9.0 MiB more, "
+      f"{_free(tmp_path)} free there); free space or point --workdir "
+      "elsewhere.\n")
+  keep = errors.DiskFullLogFilter().filter
+  record = logging.LogRecord("absl", logging.ERROR, "future.py", 387,
+                             "_SignalingThread.run() raised an exception: "
+                             "%s", (ValueError(_ORBAX_DISK_FULL),), None)
+  assert not keep(record)
+  record.args = (ValueError("another failure"),)
+  assert keep(record)
