@@ -87,6 +87,17 @@
 #                         sparseloco (PowerSGD pairs feedback with plain
 #                         averaging; under Nesterov the per-worker arm
 #                         diverged)
+# The combined arm (2026-11-29, the 42M model above, its MODEL and
+# MAX_CHARS=400000000, NAMES="combined_overlap_senders_down"; fixed before
+# the run from the tables of docs/communication.md, not chosen): the best
+# delay measured at H = 50 (overlap at a tenth of a round, tau = 5: +0.36%
+# to +0.74% on DiLoCo x8, the only delay within 2%), the best codec at
+# >= 100x (sparseloco_senders: +10.50% at 42M, 136.5x up), and downloads
+# compressed with the strongest download codec there is (int4 read back,
+# 7.8x; download_compression has no codec near 100x: int8, int4, e3m0):
+#   combined_overlap_senders_down  sparseloco_senders (outer averaging)
+#                         with delay=overlap, tau = 5, and
+#                         download_compression=int4
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # The data and the dense base are built once (a 1-step run), then
@@ -145,6 +156,7 @@ declare -A ARMS=(
   [int4_ef_down_int4]="$d.compression=int4 $d.error_feedback=True $d.download_compression=int4"
   [int4_ef_down_e3m0]="$d.compression=int4 $d.error_feedback=True $d.download_compression=e3m0"
   [overlap_tau5_int4_ef_down_int4]="$d.delay=overlap $d.overlap_steps=5 $d.compression=int4 $d.error_feedback=True $d.download_compression=int4"
+  [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
 )
 # shellcheck disable=SC2086
 base=_stages run_lanes diloco_x8 ${NAMES:-sparseloco one_round_avg topkc_ef \
