@@ -263,6 +263,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.ckpt.every = 100  # Inner steps between saves (0 = only the last step).
   c.ckpt.keep = 2  # Checkpoints kept.
   c.ckpt.async_save = True  # Write checkpoints in the background.
+  # On SIGTERM / SIGINT (a preemption notice), training saves a checkpoint
+  # at the end of the current dispatch and exits with status 75; if that
+  # takes longer than this, it exits without it (the last one stays).
+  # About what TPU and cloud VMs get between the notice and the kill.
+  c.ckpt.preemption_grace_s = 30.0
 
   # --- Pipeline stages inside a worker (model/pipelined.py) --------------
   # Stage s holds the s-th n/S layers of every layer segment; only the inner

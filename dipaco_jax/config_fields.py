@@ -148,6 +148,7 @@ _RANGES = (
     _Range("ckpt.every", _I, 0, why="0 = save only the last step"),
     _Range("ckpt.keep", _I, 1,
            why="keep=0 would delete every checkpoint, the final one included"),
+    _Range("ckpt.preemption_grace_s", _F, 0.0),
 )
 
 _BOOL_FIELDS = (

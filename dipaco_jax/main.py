@@ -8,8 +8,12 @@ A mistake on the command line or in the config (an unknown field, a value
 out of range, an unusable --workdir) and the errors meant for the user that
 the job raises later are printed as one line, `error: <message>`, with exit
 status 2; `--verbose` shows their traceback. Other exceptions are bugs and
-keep theirs.
+keep theirs. SIGTERM or SIGINT (a preemption notice) saves a checkpoint at
+the end of the current step and exits with status 75 (`train/preemption.py`);
+the same command resumes.
 """
+
+import sys
 
 from absl import app
 from absl import flags
@@ -53,8 +57,14 @@ def main(argv, islands=None):
   if not flags.FLAGS["verbosity"].present:
     # Library INFO logs (orbax, absl) would bury the progress lines.
     logging.set_verbosity(logging.WARNING)
-  with cli_errors.user_errors(verbose=_VERBOSE.value):
-    _run(islands)
+  from dipaco_jax.train import preemption  # pylint: disable=g-import-not-at-top
+  with preemption.handle_signals():
+    try:
+      with cli_errors.user_errors(verbose=_VERBOSE.value):
+        _run(islands)
+    except preemption.Preempted as e:
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      sys.exit(preemption.EXIT_PREEMPTED)
 
 
 def _run(islands):

@@ -56,7 +56,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", float(
 # Only the order changes; every test runs.
 _LONG_MODULES = ("test_multihost.py", "test_pipeline.py",
                  "test_islands_processes.py", "test_islands.py",
-                 "test_islands_replay.py", "test_results_rerun.py",
+                 "test_islands_replay.py", "test_islands_repair.py",
+                 "test_results_rerun.py",
                  "test_gcs_emulator.py", "test_delay.py", "test_overlap.py",
                  "test_download.py")
 

@@ -66,12 +66,12 @@ class Chaos(threading.Thread):
 
 
 class KillAfterRound(Chaos):
-  """SIGKILLs one worker once some contribution of round `r` is
-  committed (the workers are then in rounds r .. r + 1)."""
+  """Kills one worker (SIGKILL, or `sig`) once some contribution of round
+  `r` is committed (the workers are then in rounds r .. r + 1)."""
 
-  def __init__(self, run, round_index: int):
+  def __init__(self, run, round_index: int, sig=signal.SIGKILL):
     super().__init__(run, ["worker"], every_s=0.0)
-    self.round_index = round_index
+    self.round_index, self.sig = round_index, sig
 
   def run(self):
     contribs = pathlib.Path(self.store, "contrib",
@@ -82,7 +82,7 @@ class KillAfterRound(Chaos):
       if any(layout.committed(d) for d in contribs.glob("*/*")):
         pids = role_pids(self.store, "worker")
         if pids:
-          os.kill(self.rng.choice(pids), signal.SIGKILL)
+          os.kill(self.rng.choice(pids), self.sig)
           self.killed.append("worker")
           return
 
@@ -130,11 +130,13 @@ def test_kills_of_every_role_lose_nothing(tmp_path):
   assert all(v > 0 for v in stats["loop_store_ops"].values())
   assert stats["mean_task_store_ops"]["put"] >= 1  # Its contributions.
   assert stats["mean_outer_step_store_ops"]["put"] == 2
-  # The coordinator collected what no one reads again: only the final
-  # modules remain, and no contribution.
+  # The coordinator collected what no one reads again: the final modules
+  # remain, with the version and round they were made from (for a
+  # rebuild, islands/repair.py).
   versions = {p.name for p in pathlib.Path(run, "modules").glob("*/*/v*")}
-  assert versions == {"v000008"}
-  assert not list(pathlib.Path(run, "contrib").glob("r*"))
+  assert versions == {"v000007", "v000008"}
+  assert [p.name for p in pathlib.Path(run, "contrib").glob("r*")] == [
+      "r000007"]
   # A run already done is read back without starting a role.
   started = time.monotonic()
   again, _, _, _ = _train(tmp_path, "calm")
@@ -150,8 +152,8 @@ def test_pipelined_units_survive_kills(tmp_path):
   # 2 units per module, dealt to the 2 executors; kills of a worker, an
   # executor and the coordinator, then the result equals the same run in
   # one process (another mesh: one path per task on 8 devices there, so
-  # the tolerance of test_islands' one-path tasks) and only the final
-  # units remain.
+  # the tolerance of test_islands' one-path tasks) and only the last two
+  # versions of the units remain.
   plan = ["worker", "executor", "coordinator"]
   stormy, killed, run, exp = _train(tmp_path, "stormy", plan, num_steps=8,
                                     stages=2)
@@ -162,16 +164,19 @@ def test_pipelined_units_survive_kills(tmp_path):
   versions = {str(p.relative_to(run)) for p in
               pathlib.Path(run, "modules").glob("**/v*")}
   assert versions == {
-      f"modules/{slot.name}{stage}/{e:05d}/v000004"
+      f"modules/{slot.name}{stage}/{e:05d}/v{v:06d}"
       for slot in exp.topology.slots for e in range(slot.num_experts)
-      for stage in (("/stage0", "/stage1") if slot.layers else ("",))}
-  assert not list(pathlib.Path(run, "contrib").glob("r*"))
+      for stage in (("/stage0", "/stage1") if slot.layers else ("",))
+      for v in (3, 4)}
+  assert [p.name for p in pathlib.Path(run, "contrib").glob("r*")] == [
+      "r000003"]
 
 
-@pytest.mark.parametrize("delay,kill_after", [
-    ("none", 1), ("one_round", 2), ("overlap", 2)])
+@pytest.mark.parametrize("delay,kill_after,sig", [
+    ("none", 1, signal.SIGTERM), ("one_round", 2, signal.SIGKILL),
+    ("overlap", 2, signal.SIGKILL)])
 def test_a_killed_worker_replays_with_inner_state_every(tmp_path, delay,
-                                                        kill_after):
+                                                        kill_after, sig):
   # AdamW states (one round late or overlapped, islands/delayed.py: with
   # the anchors)
   # committed every 4 rounds (of 8: after round 3 only), one group of 2
@@ -184,7 +189,8 @@ def test_a_killed_worker_replays_with_inner_state_every(tmp_path, delay,
   calm, _, _, _ = _train(tmp_path, "calm", paths_per_task=2, delay=delay)
   stormy, killed, run, _ = _train(
       tmp_path, "stormy", paths_per_task=2, delay=delay,
-      inner_state_every=4, chaos=lambda run: KillAfterRound(run, kill_after))
+      inner_state_every=4,
+      chaos=lambda run: KillAfterRound(run, kill_after, sig))
   assert killed == ["worker"], "the run ended before the kill"
   for a, b in zip(jax.tree.leaves(calm.state["outer"]["params"]),
                   jax.tree.leaves(stormy.state["outer"]["params"])):
@@ -192,6 +198,10 @@ def test_a_killed_worker_replays_with_inner_state_every(tmp_path, delay,
   logs = "".join(p.read_text() for p in pathlib.Path(run, "logs").glob(
       "worker_*.log"))
   assert "start state replayed from round 0" in logs
+  if sig == signal.SIGTERM:  # A preemption notice: one line, task back.
+    assert "SIGTERM: stopped; committed keys stay" in logs
+    coordinator = pathlib.Path(run, "logs", "coordinator.log").read_text()
+    assert "left (preempted)" in coordinator
   assert {p.name for p in pathlib.Path(run, "modules").glob("*/*/v*")} == {
-      "v000008"}
+      "v000007", "v000008"}
   assert not list(pathlib.Path(run, "inner").glob("*/s*"))

@@ -156,7 +156,7 @@ def test_a_replay_after_garbage_collection(every_round, tmp_path):
   coord.collect_garbage()
   coord._save_state([])  # pylint: disable=protected-access
   # Round 3 replays round 2 from the state of step 2H: version 2 stays
-  # (with K = 1 only version 3 would), older ones go.
+  # (with K = 1 too, as the version 3 was made from), older ones go.
   versions = {p.name for p in run.glob("modules/*/*/v*")}
   assert versions == {"v000002", "v000003"}, versions
   assert layout.committed(layout.inner_dir(run, 0, 2 * H))
@@ -169,8 +169,9 @@ def test_a_replay_after_garbage_collection(every_round, tmp_path):
   coord = coordinator_lib.Coordinator(run, spec, log=lambda _: None)
   assert coord.frontier == [4, 4] and coord.run_done()
   coord.collect_garbage()
-  # A finished store holds the final modules alone.
-  assert {p.name for p in run.glob("modules/*/*/v*")} == {"v000004"}
+  # A finished store holds the final modules and the version before.
+  assert {p.name for p in run.glob("modules/*/*/v*")} == {"v000003",
+                                                          "v000004"}
   assert _inner_steps_on_store(run) == {}
 
 

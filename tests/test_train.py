@@ -1,4 +1,8 @@
-"""Training loop: resume exactness, non-finite stop, hash checks."""
+"""Training loop: resume exactness, non-finite stop, hash checks,
+preemption."""
+
+import os
+import signal
 
 import jax
 import numpy as np
@@ -8,6 +12,7 @@ from dipaco_jax import testing
 from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import loop
 from dipaco_jax.train import metrics as metrics_lib
+from dipaco_jax.train import preemption
 
 
 class Preempted(Exception):
@@ -168,3 +173,42 @@ def test_callbacks_flush_before_every_checkpoint(tmp_path, monkeypatch):
   assert events == [("outer step", 2), ("outer step", 4), ("flush",),
                     ("save", 4), ("outer step", 6), ("flush",), ("save", 6),
                     ("flush",)]
+
+
+def _signal_at(step_to_signal):
+  """A hook that sends this process a real SIGTERM at that step."""
+  def hook(step, state, losses):
+    del state, losses
+    if step == step_to_signal:
+      os.kill(os.getpid(), signal.SIGTERM)
+  return hook
+
+
+def test_sigterm_saves_where_it_lands_and_resumes_exactly(tmp_path):
+  # SIGTERM at random steps (mid-round and at a round's end; none is a
+  # checkpoint step): the loop saves at the end of that dispatch, stops
+  # with `Preempted`, and the resumed run is the uninterrupted one, bit for
+  # bit, whatever the signal interrupted.
+  config = testing.tiny_config("2x2", inner_steps=4, num_steps=12)
+  config.ckpt.every = 0  # Only the last step: each save is the signal's.
+  data = testing.RandomBatches(4, 8, config.data.seq_len)
+  straight = loop.train(testing.tiny_runtime(config), data,
+                        str(tmp_path / "straight"), {"h": "1"}, "straight")
+  rng = np.random.default_rng(41)
+  run = str(tmp_path / "preempted")
+  saved = []
+  with preemption.handle_signals():
+    for at in sorted(rng.choice(np.arange(2, 11), 2, replace=False)):
+      with pytest.raises(preemption.Preempted) as e:
+        loop.train(testing.tiny_runtime(config), data, run, {"h": "1"}, "p",
+                   hooks=[_signal_at(int(at))])
+      assert e.value.signal_name == "SIGTERM" and e.value.step >= at
+      assert "run the same command again" in str(e.value)
+      saved.append(e.value.step)
+      preemption.reset()
+  resumed = loop.train(testing.tiny_runtime(config), data, run, {"h": "1"},
+                       "p")
+  assert resumed.resumed_from == saved[-1] and len(set(saved)) == 2
+  for a, b in zip(jax.tree.leaves(jax.device_get(straight.state)),
+                  jax.tree.leaves(jax.device_get(resumed.state))):
+    np.testing.assert_array_equal(a, b)

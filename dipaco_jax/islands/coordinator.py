@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import repair
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import atomic
@@ -134,6 +135,11 @@ class Coordinator:
         continue
       worker = path.stem
       last = self.seen.get(worker)
+      if beat.get("leaving"):  # Preempted: its task goes back at once.
+        if worker not in self.dead:
+          self._declare_dead(worker, None)
+        self.seen[worker] = (beat["beat"], now)
+        continue
       if last is None:
         # First sight (this coordinator may have just restarted): live
         # only once the beat is seen to change, so a dead worker's old
@@ -153,17 +159,20 @@ class Coordinator:
         live.append(worker)
     return live
 
-  def _declare_dead(self, worker: str, silent_s: float) -> None:
+  def _declare_dead(self, worker: str, silent_s: float | None) -> None:
+    """`silent_s` None: the worker said it left (preempted)."""
     self.dead.add(worker)
     lease = self.leases.get(worker)
     task = lease and lease.get("task")
+    why = ("left (preempted)" if silent_s is None else
+           f"silent for {silent_s:.0f} s")
     if task is not None:
       self.requeued += 1
-      self.log(f"worker {worker} silent for {silent_s:.0f} s: round "
-               f"{task['round']} workers {task['group']} re-queued")
+      self.log(f"worker {worker} {why}: round {task['round']} workers "
+               f"{task['group']} re-queued")
       self._write_lease(worker, None)
     else:
-      self.log(f"worker {worker} silent for {silent_s:.0f} s")
+      self.log(f"worker {worker} {why}")
 
   def _write_lease(self, worker: str, task, stop: bool = False) -> None:
     seq = self.leases.get(worker, {}).get("seq", -1) + 1
@@ -198,22 +207,32 @@ class Coordinator:
       return self.num_rounds
     return self.spec.last_commit_round(round_index)
 
+  def _rebuild_from(self, round_index: int) -> int:
+    """The first round kept for a rebuild (`islands/repair.py`): the one
+    before `round_index`, whose task or outer step made what round
+    `round_index` reads; once the run is done, only its last outer step
+    can be needed again."""
+    if round_index >= self.num_rounds:
+      return self.num_rounds - 1
+    return self._replay_from(max(round_index - 1, 0))
+
   def collect_garbage(self) -> None:
-    """Deletes what no task or outer step can read again, so a long run
-    keeps about one round on the store (K rounds with `inner_state_every`
-    = K, for replays): a group's AdamW states before the state its next
-    round starts or replays from, and module versions (with their
-    optimizer states and contributions) that every task, replay and outer
-    step has moved past. The final modules stay."""
+    """Deletes what no task, outer step or rebuild can read again, so a
+    long run keeps about two rounds on the store (K + 1 rounds with
+    `inner_state_every` = K, for replays): a group's AdamW states before
+    the state its last round started or replayed from, and module versions
+    (with their optimizer states and contributions) before the one the
+    newest was made from. A finished run keeps its last two versions."""
     h = self.spec.inner_steps
     for g, workers in enumerate(self.groups):
-      keep = self._replay_from(self.frontier[g]) * h
+      keep = (self._rebuild_from(self.frontier[g]) if self.frontier[g] <
+              self.num_rounds else self.num_rounds) * h
       for w in workers:
         first = self._collected["inner"].get(w, 0)
         for step in range(first, keep, h):
           _remove(layout.inner_dir(self.run, w, step))
         self._collected["inner"][w] = max(first, keep)
-    oldest_round = self._replay_from(min(self.frontier))
+    oldest_round = self._rebuild_from(min(self.frontier))
     modules = self._units(slice(None))  # Stages' keys included.
     # Version v is read by round v's tasks (and replays) and by round v's
     # outer step (which writes v + 1): done once every group passed round
@@ -234,6 +253,7 @@ class Coordinator:
   def tick(self) -> bool:
     """One scheduling pass; True once the run is done."""
     live = self.live_workers()
+    self._requeue_damaged()
     self._advance_frontier()
     # Free the workers whose task is done (counted once, to the holder);
     # the frontier says so even once its keys are collected.
@@ -271,6 +291,49 @@ class Coordinator:
       # saved (a restarted coordinator must not look for what was deleted).
       self.collect_garbage()
     return False
+
+  def _requeue_damaged(self) -> None:
+    """Re-queues the task that made each damaged contribution or AdamW
+    state (`islands/repair.py`), once its own inputs are on the store;
+    stops the run in one line when they are not."""
+    for path, key in repair.requests(self.run):
+      if key.kind not in ("contrib", "inner"):
+        continue  # A module version: its executor's.
+      r = (key.round_index if key.kind == "contrib"
+           else key.step // self.spec.inner_steps - 1)
+      g = next(i for i, ws in enumerate(self.groups) if key.worker in ws)
+      missing = self._missing_inputs(r, g)
+      if missing:
+        repair.fail(self.run, key, f"task round {r} of workers "
+                    f"{list(self.groups[g])} would remake it, but its input "
+                    f"{missing} is gone too; restart the run in a fresh "
+                    "--workdir", "coordinator", self.log)
+        continue  # The request stays: the launcher stops the run.
+      self.log(f"rebuilding {key.relative}: round {r} of workers "
+               f"{list(self.groups[g])} re-queued")
+      self.frontier[g] = min(self.frontier[g], r)
+      # Leases of the group's later rounds go: their holders may have
+      # dropped them on the damage, and the rounds come again in order.
+      for worker, lease in list(self.leases.items()):
+        task = lease.get("task")
+        if task is not None and tuple(task["group"]) == self.groups[g]:
+          self._write_lease(worker, None)
+      self._save_state(list(self.seen))
+      repair.done(path)
+
+  def _missing_inputs(self, r: int, g: int) -> str | None:
+    """The first input of task (r, g) that is not committed: its modules
+    at version r, the AdamW states it starts or replays from."""
+    for k, e in self._units(list(self.groups[g])):
+      if not layout.committed(layout.module_dir(self.run, k, e, r)):
+        return str(layout.module_dir(self.run, k, e, r).relative_to(
+            self.run))
+    start = self.spec.last_commit_round(r) * self.spec.inner_steps
+    for w in self.groups[g] if start else ():
+      if not layout.committed(layout.inner_dir(self.run, w, start)):
+        return str(layout.inner_dir(self.run, w, start).relative_to(
+            self.run))
+    return None
 
   def _save_state(self, live) -> None:
     atomic.write_json(layout.control(self.run, "coordinator.json"), {
@@ -329,7 +392,8 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--store", required=True, help="the run's directory")
   args = parser.parse_args(argv)
-  serve(args.store)
+  with layout.role_errors("coordinator"):
+    serve(args.store)
 
 
 if __name__ == "__main__":

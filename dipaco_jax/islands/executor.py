@@ -36,12 +36,14 @@ from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import downloads as downloads_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import repair
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.islands import wire as wire_lib
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
 from dipaco_jax.store import atomic
+from dipaco_jax.store import integrity
 from dipaco_jax.store import items
 from dipaco_jax.store import link
 
@@ -67,6 +69,10 @@ HOLD_BYTES = 4 << 30
 # version r + 1 committed (the outer state, compressed downloads, the
 # parameters); summed over the steps in the executor's stats.
 EXECUTOR_PHASES = ("read", "step", "write")
+
+# How often an executor looks for damaged versions to rebuild: a listing of
+# control/repair/, which on gs:// costs a request's latency.
+REPAIR_POLL_S = 1.0
 
 
 class ModuleStepper:
@@ -159,9 +165,11 @@ class Executor:
     return all(layout.committed(layout.contrib_dir(
         self.run, round_index, int(w), self.key(module))) for w in users)
 
-  def step(self, module, round_index: int, likes) -> None:
+  def step(self, module, round_index: int, likes, hold: bool = True
+           ) -> None:
     """Version r + 1 of `module` from version r and round r's
-    contributions."""
+    contributions; `hold`: keep it in memory for the next step (not for
+    a rebuild of an older version)."""
     started = time.monotonic()
     ops_before = link.thread_counts().copy()
     s, e, _ = module
@@ -196,7 +204,8 @@ class Executor:
     items.save_tree(key, params, meta)
     self.meter.add("written", r, key)
     self.meter.flush()
-    self._hold(module, r + 1, params, opt_state)
+    if hold:
+      self._hold(module, r + 1, params, opt_state)
     # Load, step and commit: the time a round waits on this module.
     done = time.monotonic()
     self.stats["outer_steps"] += 1
@@ -218,8 +227,9 @@ class Executor:
     ones this executor committed last round, kept in memory (the same
     bytes as the store's: saved without loss), or read from the store
     (the first step after a start or a restart)."""
-    held = self.held.pop(module, None)
+    held = self.held.get(module)
     if held is not None and held[0] == r:
+      del self.held[module]
       return held[1], held[2]
     s, e, _ = module
     unit = self.key(module)
@@ -258,15 +268,20 @@ class Executor:
   def finished(self) -> bool:
     return all(v > self.spec.num_rounds for v in self.next_version.values())
 
-  def poll(self, likes_of) -> int:
-    """Steps every module whose next round is complete; returns how many."""
+  def poll(self, likes_of, role: str = "executor") -> int:
+    """Steps every module whose next round is complete; returns how many.
+    A damaged input is reported and the module waits for its rebuild."""
     stepped = 0
     for module in self.modules:
       version = self.next_version[module]
       if version > self.spec.num_rounds or not self.ready(module,
                                                           version - 1):
         continue
-      self.step(module, version - 1, likes_of(module))
+      try:
+        self.step(module, version - 1, likes_of(module))
+      except integrity.DamagedKeyError as e:
+        repair.report(self.run, e, role, self.log)
+        continue
       self.next_version[module] += 1
       stepped += 1
     return stepped
@@ -327,10 +342,14 @@ def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
   likes_of = module_likes(spec)
   loop = timeline.LoopOps(run, role)
   deadline = time.monotonic() + timeout_s
+  next_repair = 0.0
   while not executor.finished():
     loop.start()
+    if time.monotonic() >= next_repair:  # A listing, not every poll.
+      repair.rebuild_versions(executor, likes_of, role)
+      next_repair = time.monotonic() + REPAIR_POLL_S
     steps_before = dict(executor.stats.get("store_ops", {}))
-    stepped = executor.poll(likes_of)
+    stepped = executor.poll(likes_of, role)
     loop.end(work={k: v - steps_before.get(k, 0) for k, v in
                    executor.stats.get("store_ops", {}).items()})
     if stepped:
@@ -350,7 +369,8 @@ def main(argv=None) -> None:
   parser.add_argument("--shard", type=int, default=0)
   parser.add_argument("--num_shards", type=int, default=1)
   args = parser.parse_args(argv)
-  serve(args.store, args.shard, args.num_shards)
+  with layout.role_errors(f"executor {args.shard}"):
+    serve(args.store, args.shard, args.num_shards)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import time
 
 from dipaco_jax.islands import layout
 from dipaco_jax.store import atomic
+from dipaco_jax.train import preemption
 
 
 class Heartbeat:
@@ -50,6 +51,10 @@ class Heartbeat:
     self._thread.start()
     return self
 
-  def __exit__(self, *exc):
+  def __exit__(self, exc_type, *exc):
     self._stop.set()
     self._thread.join(timeout=5)
+    if exc_type is not None and issubclass(exc_type, preemption.Preempted):
+      # Its last beat says it left: the coordinator re-queues its task at
+      # once instead of after the lease timeout.
+      self.update(leaving=True)

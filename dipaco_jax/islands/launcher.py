@@ -20,16 +20,20 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from dipaco_jax import code_version as code_lib
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.errors import UserError
+from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import repair
 from dipaco_jax.islands import replay
 from dipaco_jax.islands import roles as roles_lib
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import atomic
+from dipaco_jax.store import integrity
 from dipaco_jax.store import items
 from dipaco_jax.train import loop
 
@@ -97,10 +101,29 @@ def read_final_bank(run, runtime, version: int) -> dict:
   return bank
 
 
+def read_verified_bank(run, spec: layout.RunSpec, runtime, log) -> dict:
+  """The final bank, verified; a damaged final version is rebuilt here
+  (`islands/repair.py`: the executors have stopped), or refused."""
+  for _ in range(sum(s.num_experts for s in runtime.topology.slots) * 4):
+    try:
+      return read_final_bank(run, runtime, spec.num_rounds)
+    except integrity.DamagedKeyError as e:
+      repair.report(run, e, "launcher", log)
+    repair.rebuild_versions(executor_lib.Executor(
+        run, spec, executor_lib.all_units(spec), "executor-launcher", log),
+                            executor_lib.module_likes(spec), "launcher")
+    failed = layout.control_files(layout.control(run, "failed"))
+    if failed:
+      raise roles_lib.IslandError(layout.read_json(failed[0])["error"])
+  raise roles_lib.IslandError(f"the final modules in {run} stay damaged; "
+                              "use a fresh --workdir")
+
+
 def check_spec(run, spec: layout.RunSpec) -> None:
   """A store made for other numbers, or committing inner states at
   another interval, is never continued."""
   old = layout.read_json(epath.Path(run) / "spec.json")
+  layout.check_code((old or {}).get("code"), run)
   if old is not None and old["hashes"] != spec.hashes:
     raise roles_lib.IslandError(
         f"the island store {run} belongs to a different run (hashes "
@@ -309,7 +332,7 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
       link_mbps=options.link_mbps,
       link_latency_ms=options.link_latency_ms,
       inner_state_every=options.inner_state_every,
-      store_fsync=options.store_fsync)
+      store_fsync=options.store_fsync, code=code_lib.code_version())
   check_spec(run, spec)
   spec.use_store()  # Version zero is a store write too.
   log = lambda msg: print(f"[{exp.name}] islands: {msg}", flush=True)
@@ -317,9 +340,10 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
   if not trained_path.exists():
     t0 = time.time()
     first = exp.topology.slots[0].name
-    if (layout.latest_module_version(run, first, 0) or 0) == 0:
-      # Before any outer step (later, version 0 may have been collected):
-      # writes the modules of version 0 still missing.
+    if repair.on_relaunch(run) or (
+        layout.latest_module_version(run, first, 0) or 0) == 0:
+      # Before any outer step (later, version 0 may be collected), or one
+      # set aside as damaged: writes version 0's missing modules.
       write_version_zero(run, exp.runtime, init_bank, c.seed)
     spec.save(run)
     log(f"{len(spec.groups())} tasks per round x {spec.num_rounds} rounds, "
@@ -365,7 +389,7 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
   exp.store_bytes = store_bytes(run)
   log(f"store traffic {exp.store_bytes['total'] / 1e6:,.1f} MB (written + "
       "read, all roles)")
-  bank = read_final_bank(run, exp.runtime, spec.num_rounds)
+  bank = read_verified_bank(run, spec, exp.runtime, log)
   losses_W = _write_metrics(exp.run_dir, spec, stats)
   tokens = (c.train.num_steps * exp.topology.num_workers
             * c.train.batch_size * c.data.seq_len)

@@ -36,8 +36,10 @@ optimizer state (and the workers' compressed copy) is committed before its
 parameters, so committed parameters mean the whole version is there.
 """
 
+import contextlib
 import dataclasses
 import json
+import sys
 import threading
 import time
 
@@ -45,10 +47,13 @@ from etils import epath
 import ml_collections
 import numpy as np
 
+from dipaco_jax import code_version as code_lib
 from dipaco_jax import paths as paths_lib
+from dipaco_jax.errors import UserError
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
 from dipaco_jax.store import link
+from dipaco_jax.train import preemption
 
 
 def _version_key(run, kind: str, slot: str, expert: int,
@@ -162,6 +167,10 @@ class RunSpec:
   # Sync the store's local writes to disk before each commit marker
   # (store/atomic.py): committed keys then survive a crashed machine.
   store_fsync: bool = False
+  # The code that wrote the store (`code_version.code_version()`): every
+  # role that joins must run the same. None: a store of an older
+  # dipaco_jax, joined unchecked.
+  code: dict | None = None
 
   def commits_inner(self, round_index: int) -> bool:
     """Whether a task of `round_index` commits its workers' inner states
@@ -215,7 +224,8 @@ class RunSpec:
 
   @classmethod
   def load(cls, run, timeout_s: float = 600.0) -> "RunSpec":
-    """The run's spec, waiting (bounded) for the launcher to write it."""
+    """The run's spec, waiting (bounded) for the launcher to write it;
+    raises UserError when the store was written by other code."""
     path = epath.Path(run) / "spec.json"
     deadline = time.monotonic() + timeout_s
     while (spec := read_json(path)) is None:
@@ -223,7 +233,40 @@ class RunSpec:
         raise TimeoutError(f"{path} did not appear in {timeout_s:.0f} s; "
                            "is --store the run's directory?")
       time.sleep(0.2)
-    return cls(**spec)
+    spec = cls(**spec)
+    check_code(spec.code, run)
+    return spec
+
+
+def check_code(code: dict | None, run) -> None:
+  """Refuses a store written by other code than this process runs."""
+  mine = code_lib.code_version()
+  if code is not None and code != mine:
+    raise UserError(
+        f"the island store {run} was written by dipaco_jax {code['version']}"
+        f" (code {code['sha256']}); this is {mine['version']} (code "
+        f"{mine['sha256']}): join it with the same code, or start a fresh "
+        "run")
+
+
+@contextlib.contextmanager
+def role_errors(role: str):
+  """A role's command line: what the user must fix (`UserError`: a store
+  written by other code, ...) is one line and status 2, no traceback; a
+  preemption signal (SIGTERM, SIGINT) stops the role at once, one line and
+  status 75: every committed key stays, and what it was doing is done
+  again by whoever takes it up (the same bytes)."""
+  with preemption.handle_signals():
+    try:
+      yield
+    except UserError as e:
+      print(f"[{role}] error: {e}", file=sys.stderr, flush=True)
+      sys.exit(2)
+    except preemption.Preempted as e:
+      print(f"[{role}] {e.signal_name}: stopped; committed keys stay, its "
+            "unfinished work is done again by whoever takes it up",
+            file=sys.stderr, flush=True)
+      sys.exit(preemption.EXIT_PREEMPTED)
 
 
 def config_to_json_dict(config) -> dict:

@@ -22,10 +22,12 @@ from etils import epath
 
 from dipaco_jax.islands import heartbeat as heartbeat_lib
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import repair
 from dipaco_jax.islands import task_runner as runner_lib
 from dipaco_jax.islands import timeline
 from dipaco_jax.parallel import mesh as mesh_lib
 from dipaco_jax.store import atomic
+from dipaco_jax.store import integrity
 from dipaco_jax.store import items
 from dipaco_jax.store import link
 
@@ -58,6 +60,10 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   stats = timeline.TaskStats(run, worker_id)
   assign_path = layout.control(run, "assign", f"{worker_id}.json")
   done_seq, ran, idle_since = -1, 0, time.monotonic()
+  # (lease seq, key) of a damaged input this worker reported: the task is
+  # run again once the key is rebuilt (a module version, by its executor),
+  # or the coordinator leases anew (the task that made it re-queued).
+  awaiting = None
   loop = timeline.LoopOps(run, f"worker_{worker_id}")
   with heartbeat_lib.Heartbeat(run, worker_id, spec.heartbeat_s) as (
       heartbeat), runner.tracer:
@@ -68,6 +74,9 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
       lease = layout.read_json(assign_path)
       if lease and lease.get("stop"):
         break
+      if awaiting and lease and lease["seq"] == awaiting[0] and not (
+          layout.committed(awaiting[1])):
+        lease = None  # Waiting for the rebuild.
       if not lease or lease["seq"] == done_seq or lease["task"] is None:
         loop.end()
         if time.monotonic() - idle_since > max_idle_s:
@@ -86,6 +95,14 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
         log(f"round {task.round_index} workers {list(task.group)}: inputs "
             f"gone ({e}); skipping")
         losses = {}
+      except integrity.DamagedKeyError as e:
+        # An input is damaged: set aside and rebuilt by what made it
+        # (islands/repair.py); the coordinator gives this task again
+        # once it is.
+        repair.report(run, e, f"worker-{worker_id}", log)
+        awaiting = (lease["seq"], e.key)
+        loop.end()
+        continue
       task_ops = link.since(ops_before)
       if losses:
         stats.add(task, started, time.time() - started, losses,
@@ -123,9 +140,10 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   mesh_lib.setup_fake_devices(args.fake_devices)
   try:
-    serve(args.store, args.worker_id, args.slowdown_s,
-          max_idle_s=args.max_idle_s,
-          download_cache_mb=args.download_cache_mb)
+    with layout.role_errors(f"worker {args.worker_id}"):
+      serve(args.store, args.worker_id, args.slowdown_s,
+            max_idle_s=args.max_idle_s,
+            download_cache_mb=args.download_cache_mb)
   except runner_lib.TaskFailed as e:
     atomic.write_json(layout.control(args.store, "failed",
                                       f"{args.worker_id}.json"),

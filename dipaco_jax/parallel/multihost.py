@@ -45,6 +45,14 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def any_process(flag: bool) -> bool:
+  """Whether `flag` holds on some process (a collective with several: every
+  process must call it)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+
+
 def to_host(tree):
   """Host copies of (possibly sharded) global arrays; with several processes
   this is a collective, so every process must call it."""

@@ -40,9 +40,19 @@ def digest(x) -> str:
   ).hexdigest()
 
 
-def tree_digests(tree) -> dict[str, str]:
-  """sha256 of each leaf's bytes, keyed by its tree path."""
-  return {jax.tree_util.keystr(path): digest(leaf)
+def _scalar_digest(x) -> str:
+  """sha256 of a scalar's value: orbax may give back a numpy scalar or
+  a 0-d array of another width (an int32 as a Python int), the same
+  number in other bytes."""
+  return hashlib.sha256(repr(np.asarray(x).item()).encode()).hexdigest()
+
+
+def tree_digests(tree, scalars_by_value: bool = False) -> dict[str, str]:
+  """sha256 of each leaf's bytes (of a scalar's value, with
+  `scalars_by_value`), keyed by its tree path."""
+  return {jax.tree_util.keystr(path):
+          _scalar_digest(leaf) if scalars_by_value and np.ndim(leaf) == 0
+          else digest(leaf)
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 

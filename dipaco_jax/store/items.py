@@ -174,7 +174,7 @@ def save_tree(directory, tree, meta: dict | None = None, *,
     multihost.barrier(f"store_clean:{directory}")
   # Hashed from the host copy before the write: what the writer meant,
   # whatever the disk then does with it.
-  digests = (integrity.tree_digests(jax.device_get(tree)) if writes
+  digests = (integrity.tree_digests(jax.device_get(tree), True) if writes
              else None)
   with link.transfer(_nbytes(tree), "put"), _checkpointer(collective) as (
       checkpointer):
@@ -276,8 +276,8 @@ def _verify(directory: epath.Path, tree, marker: dict) -> None:
   want = marker.get("digests")
   if not want:
     return  # Written before digests: nothing to check against.
-  bad = integrity.mismatches(integrity.tree_digests(jax.device_get(tree)),
-                             want)
+  bad = integrity.mismatches(
+      integrity.tree_digests(jax.device_get(tree), True), want)
   if bad:
     raise integrity.DamagedKeyError(directory, bad)
 

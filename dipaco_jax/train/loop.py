@@ -19,6 +19,7 @@ from dipaco_jax.parallel import multihost
 from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import dispatch
 from dipaco_jax.train import metrics as metrics_lib
+from dipaco_jax.train import preemption
 from dipaco_jax.train import profiling
 from dipaco_jax.train import sync as sync_lib
 
@@ -185,11 +186,24 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   trace_dir = run_dir / "logs" / "profile"
   if jax.process_count() > 1:
     trace_dir = trace_dir / f"process_{jax.process_index()}"
+  def save(done):
+    # Never checkpoint a diverged state: read this step's losses and
+    # check the parameters themselves before saving.
+    while pending:
+      drain(*pending.popleft())
+    guard.check_params(done, state)
+    _flush(after_outer_step)
+    ckpt.save(done, state, meta)
+    if writes:  # The figures a resumed or reused run reports.
+      metrics_lib.write_run_summary(run_dir, start, done, progress.elapsed(),
+                                    tokens_per_step, last_losses)
+
   try:
     with prefetch.Prefetcher(device_batch, 0, len(dispatches),
                              c.data.prefetch) as batch_iter, \
         profiling.StepTracer(c.train.profile_steps, trace_dir,
-                             c.train.profile_python) as tracer:
+                             c.train.profile_python) as tracer, \
+        preemption.saving_on_signal(c.ckpt.get("preemption_grace_s", 30.0)):
       for _, (step, n, batch) in batch_iter:
         comm_bytes = None
         tracer.before(step, n)
@@ -232,18 +246,13 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         pending.append((done, n, device_metrics, norm_after, comm_bytes))
         while len(pending) > c.train.metrics_lag:
           drain(*pending.popleft())
-        if ckpt.should_save(done, num_steps):
-          # Never checkpoint a diverged state: read this step's losses and
-          # check the parameters themselves before saving.
-          while pending:
-            drain(*pending.popleft())
-          guard.check_params(done, state)
-          _flush(after_outer_step)
-          ckpt.save(done, state, meta)
-          if writes:  # The figures a resumed or reused run reports.
-            metrics_lib.write_run_summary(run_dir, start, done,
-                                          progress.elapsed(),
-                                          tokens_per_step, last_losses)
+        saved = ckpt.should_save(done, num_steps)
+        if saved:
+          save(done)
+        if done < num_steps and _preempted(done, sync_every):
+          if not saved:
+            save(done)
+          raise preemption.saved(done)
       while pending:
         drain(*pending.popleft())
       _flush(after_outer_step)
@@ -256,6 +265,17 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
   multihost.barrier(f"trained {name}")
   return TrainResult(state, num_steps, latest,
                      progress.average_tokens_per_s(num_steps), last_losses)
+
+
+def _preempted(done: int, sync_every: int) -> bool:
+  """Whether a preemption signal arrived: at any dispatch in one process;
+  with several, all must stop at the same step, so they agree at round
+  ends only (a collective per dispatch would sync the hosts)."""
+  if jax.process_count() == 1:
+    return preemption.requested() is not None
+  if sync_every and done % sync_every:
+    return False
+  return multihost.any_process(preemption.requested() is not None)
 
 
 def _flush(after_outer_step) -> None:
