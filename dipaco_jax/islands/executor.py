@@ -282,6 +282,8 @@ class Executor:
       except integrity.DamagedKeyError as e:
         repair.report(self.run, e, role, self.log)
         continue
+      except items.NotCommittedError:
+        continue  # Set aside by another reader meanwhile: rebuilt soon.
       self.next_version[module] += 1
       stepped += 1
     return stepped
@@ -331,8 +333,8 @@ def owned_modules(spec: layout.RunSpec, shard: int, num_shards: int):
 
 def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
           timeout_s: float = 24 * 3600.0) -> None:
-  """Applies outer steps until every owned module reaches the last
-  version."""
+  """Applies outer steps (and rebuilds damaged versions) until every
+  owned module reaches the last version and the run is done."""
   spec = layout.RunSpec.load(run)
   spec.use_store()
   role = f"executor-{shard}-of-{num_shards}"
@@ -343,7 +345,9 @@ def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
   loop = timeline.LoopOps(run, role)
   deadline = time.monotonic() + timeout_s
   next_repair = 0.0
-  while not executor.finished():
+  # Its units finished, it stays until the run is done: a task re-run on
+  # a damaged key may still read (and need rebuilt) one of their versions.
+  while not (executor.finished() and layout.is_done(run)):
     loop.start()
     if time.monotonic() >= next_repair:  # A listing, not every poll.
       repair.rebuild_versions(executor, likes_of, role)

@@ -92,6 +92,16 @@ def report(run, error: integrity.DamagedKeyError, role: str, log) -> Key:
   return key
 
 
+def is_requested(run, directory) -> bool:
+  """Whether the key `directory` was set aside and awaits its rebuild."""
+  try:
+    key = parse(run, directory)
+  except (ValueError, IndexError):
+    return False
+  link.operation("exists")
+  return _request_path(run, key).exists()
+
+
 def requests(run) -> list[tuple[epath.Path, Key]]:
   """The pending requests: (their file, the key)."""
   out = []

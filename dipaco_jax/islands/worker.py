@@ -90,6 +90,10 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
       try:
         losses = runner.run_task(task)
       except items.NotCommittedError as e:
+        if e.key is not None and repair.is_requested(run, e.key):
+          awaiting = (lease["seq"], e.key)  # Set aside by another reader.
+          loop.end()
+          continue
         # Its inputs were collected: the task was done by another worker
         # and the run has moved on (a stale lease, read after a restart).
         log(f"round {task.round_index} workers {list(task.group)}: inputs "

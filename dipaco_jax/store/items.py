@@ -52,7 +52,12 @@ ITEM = "item"
 
 
 class NotCommittedError(FileNotFoundError):
-  """A key directory without a commit marker (missing or half-written)."""
+  """A key directory without a commit marker (missing or half-written);
+  `key` is the directory."""
+
+  def __init__(self, message: str, key=None):
+    super().__init__(message)
+    self.key = key
 
 
 def _checkpointer(collective: bool) -> ocp.Checkpointer:
@@ -202,7 +207,8 @@ def _marker(directory) -> dict:
   if marker is None:
     raise NotCommittedError(
         f"{directory} is not committed (no {atomic.COMMIT_MARKER}): its "
-        "writer has not finished or was killed; it is never read.")
+        "writer has not finished or was killed; it is never read.",
+        epath.Path(directory))
   return marker
 
 
