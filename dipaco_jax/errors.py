@@ -138,8 +138,8 @@ def _free_bytes(path: str | None) -> int | None:
 
 def format_bytes(n: float) -> str:
   """1536 -> '1.5 KiB'."""
-  for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-    if n < 1024 or unit == "TiB":
+  for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+    if n < 1024 or unit == "PiB":
       return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
     n /= 1024
   raise AssertionError("unreachable")

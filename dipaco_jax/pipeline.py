@@ -47,6 +47,7 @@ from dipaco_jax.stages import router_fit
 from dipaco_jax.store import atomic
 from dipaco_jax.store import lock as lock_lib
 from dipaco_jax.train import checkpoint as ckpt_lib
+from dipaco_jax.train import memory_estimate
 
 # Used by main.py, tests and scripts under these names.
 make_shards = cache.make_shards
@@ -61,6 +62,7 @@ def run(config, workdir: str, islands=None) -> dict:
   (`islands.launcher.IslandOptions`) its multi-worker runs train as
   separate processes exchanging modules through a store."""
   presets.apply(config)  # A no-op after check_config, which announced it.
+  check_memory(config)  # ConfigError: one line, before the data stage.
   if islands is not None:
     from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
     launcher.check_config(config, islands)
@@ -90,16 +92,9 @@ def check_config(config) -> None:
   presets.announce(config)
   devices = jax.device_count()
   config_base.validate(config, devices)
-  derived = []
-  if config.base.num_steps > 0:
-    derived.append(("base", experiment_lib.base_config_of(config)))
-  if paths_lib.topology_from_config(config).num_paths > 1:
-    derived.append(("dense baseline", experiment_lib.dense_config_of(config)))
-    derived += [(s.name, s.config) for s in dense_scaling.specs(config)]
-    if config.routing.discriminative_steps > 0:
-      derived.append(("discriminative phase", experiment_lib.derive_config(
-          config, **{"train.num_steps": config.routing.discriminative_steps})))
-  elif config.eval.dense_scales.strip() or config.eval.dense_same_flops:
+  derived = _derived_runs(config)
+  if paths_lib.topology_from_config(config).num_paths == 1 and (
+      config.eval.dense_scales.strip() or config.eval.dense_same_flops):
     field = ("dense_scales" if config.eval.dense_scales.strip()
              else "dense_same_flops")
     raise config_base.ConfigError(
@@ -112,6 +107,28 @@ def check_config(config) -> None:
       raise config_base.ConfigError(
           f"{e} (in the {name} run derived from this config)") from e
   presets.warn(config)  # Once valid: the rules read the topology.
+
+
+def _derived_runs(config) -> list:
+  """(name, config) of the runs the job trains besides `config`'s own."""
+  derived = []
+  if config.base.num_steps > 0:
+    derived.append(("base", experiment_lib.base_config_of(config)))
+  if paths_lib.topology_from_config(config).num_paths > 1:
+    derived.append(("dense baseline", experiment_lib.dense_config_of(config)))
+    derived += [(s.name, s.config) for s in dense_scaling.specs(config)]
+    if config.routing.discriminative_steps > 0:
+      derived.append(("discriminative phase", experiment_lib.derive_config(
+          config, **{"train.num_steps": config.routing.discriminative_steps})))
+  return derived
+
+
+def check_memory(config) -> None:
+  """Refuses a job whose training step surely does not fit this machine's
+  memory (`train/memory_estimate.py`), before its data stage; `run` calls
+  it. Apart from `check_config`, which validates a config anywhere (the
+  GPU experiments on a CPU too)."""
+  memory_estimate.check([("", config)] + _derived_runs(config))
 
 
 def _prepare(config, workdir):
