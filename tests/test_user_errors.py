@@ -1,8 +1,9 @@
-"""Failures a user causes or meets are one line naming what to change
-(issue 41): a --config file that gives no config, a damaged or occupied
-export, a full disk, a step too big for the device. The command-line
-behaviour itself (one line, exit status 2) is tested by subprocess in
-tests/test_config_validation.py; here the messages, in process."""
+"""Failures a user causes or meets are one line naming what to change: a
+--config file that gives no config, an occupied export directory, a full
+disk (tests/test_generate.py: a damaged export; test_memory_estimate.py: a
+step too big for the device). The command-line behaviour itself (one line,
+exit status 2) is tested by subprocess in tests/test_config_validation.py;
+here the messages, in process."""
 
 import errno
 import logging
