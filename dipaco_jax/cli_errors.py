@@ -369,7 +369,9 @@ def user_errors(verbose: bool, disk_flag: str = "--workdir"):
   except Exception as e:  # pylint: disable=broad-except
     if verbose:
       raise
-    message = errors.disk_full_message(e, disk_flag) or _memory_message(e)
+    message = None
+    if not isinstance(e, errors.UserError):  # Whose message says it.
+      message = errors.disk_full_message(e, disk_flag) or _memory_message(e)
     if message is None and not is_user_error(e):
       raise
     fail(message or str(e))

@@ -147,8 +147,11 @@ def test_overwrite_replaces_an_export_and_a_failure_keeps_it(tmp_path,
     fake_export(out, 1)
   (out / "path_007").mkdir()  # Left by an earlier export of everything.
   before = _tree(out)
-  # A failed export (a full disk) leaves the earlier one as it was.
-  with pytest.raises(OSError):
+  # A failed export (a full disk) leaves the earlier one as it was
+  # ("path 1", "{}", "tokenizer": 17 bytes written when it failed).
+  with pytest.raises(errors.UserError, match=re.escape(
+      f"disk full writing --out={out} (the export had reached 17 bytes, and "
+      "is removed); free space or point --out elsewhere.")):
     fake_export(out, 1, overwrite=True, fail=True)
   assert _tree(out) == before and (out / "path_007").is_dir()
   assert fake_export(out, 1, overwrite=True) == [f"path 1 -> {out}"]

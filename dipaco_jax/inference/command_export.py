@@ -19,6 +19,7 @@ from dipaco_jax.inference import exported
 from dipaco_jax.inference import sources
 from dipaco_jax.inference import workdir as workdir_lib
 from dipaco_jax.store import atomic
+from dipaco_jax.store import items
 
 _ROUTER_DIR = "router"
 # The names an export writes at its top (`exported.py`, `sources.py`).
@@ -84,10 +85,19 @@ def export(workdir: str, out: str, path, dense: bool, everything: bool,
       lines = [save_path(w, path, staging)]
     if not remote:
       _replace(out, staging)
-  except BaseException:
-    if not remote and staging.exists():
-      staging.rmtree()
-    raise
+  except BaseException as e:
+    if remote or not staging.exists():
+      raise
+    written = items.directory_bytes(staging)
+    staging.rmtree()
+    if errors.disk_full_message(e) is None:
+      raise
+    # Said here: once the partial export is gone, the disk is no longer
+    # full, and the size it reached is the useful figure.
+    raise errors.UserError(
+        f"disk full writing --out={out} (the export had reached "
+        f"{errors.format_bytes(written)}, and is removed); free space or "
+        "point --out elsewhere.") from e
   return [line.replace(str(staging), str(out)) for line in lines]
 
 
