@@ -79,7 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.mlp_dim = 512  # Gated (SwiGLU) hidden width.
   c.model.rope_base = 10_000.0  # RoPE wavelength base.
   c.model.dtype = "bfloat16"  # Compute dtype; parameters stay float32.
-  c.model.attention = "auto"  # auto (cudnn on GPU, xla elsewhere)|xla|cudnn
+  c.model.attention = "auto"  # auto (cudnn: GPU and 16-bit) | xla | cudnn
   c.model.remat = "none"  # none | full | dots (save matmul outputs)
   c.model.scan_layers = True  # Stack each segment's layers on one axis.
   c.model.scan_unroll = 0  # Layers per scan iteration; 0 = fully unrolled
@@ -252,10 +252,8 @@ def base_config() -> ml_collections.ConfigDict:
   # (train/profiling.py). Changes timing, never a number.
   c.train.profile_steps = ""
   # With profile_steps: also trace the host's Python calls (their stacks
-  # name what the host did in a device gap, bench/trace_gaps.py). Tracing
-  # every call adds host time to each while it is on, so the gaps it
-  # shows may be longer than untraced; False keeps only XLA's own host
-  # events (dispatch, argument parsing, transfers).
+  # name what the host did in a device gap, bench/trace_gaps.py; it adds
+  # host time to each call). False: only XLA's own host events.
   c.train.profile_python = True
 
   # --- Checkpoints --------------------------------------------------------
@@ -263,10 +261,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.ckpt.every = 100  # Inner steps between saves (0 = only the last step).
   c.ckpt.keep = 2  # Checkpoints kept.
   c.ckpt.async_save = True  # Write checkpoints in the background.
-  # On SIGTERM / SIGINT (a preemption notice), training saves a checkpoint
-  # at the end of the current dispatch and exits with status 75; if that
-  # takes longer than this, it exits without it (the last one stays).
-  # About what TPU and cloud VMs get between the notice and the kill.
+  # SIGTERM/SIGINT (preemption): save at the current step's end and exit
+  # 75, within this many seconds (what cloud VMs get), else without it.
   c.ckpt.preemption_grace_s = 30.0
 
   # --- Pipeline stages inside a worker (model/pipelined.py) --------------
@@ -324,6 +320,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   m, p, d, t = config.model, config.paths, config.data, config.train
   if d.corpus == "text_files" and not d.text_glob:
     _fail("data.text_glob", "corpus text_files needs a glob of .txt/.jsonl.")
+  if m.attention == "cudnn" and m.dtype not in ("bfloat16", "float16"):
+    _fail("model.attention", f"cudnn needs model.dtype 16-bit, not {m.dtype}")
   if d.seq_len <= d.prefix_len:
     _fail("data.seq_len", f"{d.seq_len} must exceed data.prefix_len "
           f"({d.prefix_len}), the routing context that is never scored.")

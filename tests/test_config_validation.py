@@ -74,6 +74,8 @@ def _untyped(config):
     ("model.remat", "partial", r"'partial': use none, full or dots"),
     ("routing.replica_shards", "random", r"'random': use iid or kmeans"),
     ("diloco.sparse_aggregate", "median", r"'median': use mean or senders"),
+    ("model.attention", "cudnn", r"cudnn needs model.dtype 16-bit, not "
+     "float32"),
 ])
 def test_bad_values_name_the_field(field, value, match):
   config = testing.tiny_config("2x2", inner_steps=4, num_steps=8)
@@ -337,3 +339,16 @@ def test_the_sparse_aggregate_is_top_ks_alone():
     config_base.validate(config, num_devices=8)
   config.diloco.sparse_aggregate = "mean"
   config_base.validate(config, num_devices=8)
+
+
+@pytest.mark.parametrize("dtype,want", [("float32", "xla"),
+                                        ("bfloat16", "cudnn")])
+def test_auto_attention_takes_cudnn_only_where_it_runs(monkeypatch, dtype,
+                                                       want):
+  # cuDNN's fused attention raised NotImplementedError on a float32 model
+  # on a GPU (quickstart.py); auto leaves it to XLA there.
+  from dipaco_jax.model import layers  # pylint: disable=g-import-not-at-top
+  config = testing.tiny_config("2x2", inner_steps=4, num_steps=8)
+  config.model.dtype = dtype
+  monkeypatch.setattr(layers.jax, "default_backend", lambda: "gpu")
+  assert layers.dims_from_config(config.model, 256).attention == want

@@ -55,7 +55,11 @@ class ModelDims:
 def dims_from_config(model_config, vocab_size: int) -> ModelDims:
   attention = model_config.attention
   if attention == "auto":
-    attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
+    # cuDNN's fused attention takes float16/bfloat16 only (a float32 model
+    # on a GPU raised NotImplementedError in it).
+    fused = jnp.dtype(model_config.dtype) in (jnp.bfloat16, jnp.float16)
+    attention = ("cudnn" if jax.default_backend() == "gpu" and fused
+                 else "xla")
   fp8_lib.check_supported(model_config.fp8)
   return ModelDims(
       vocab_size=vocab_size,
