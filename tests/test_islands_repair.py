@@ -1,7 +1,8 @@
-"""A damaged island key of each kind is detected by its reader, set
-aside, rebuilt by what made it (`islands/repair.py`), and the run ends
-with the bits of an undamaged one; what cannot be rebuilt stops the run
-in one line."""
+"""A damaged island key of each kind (module, outer state, contribution,
+AdamW state, download copy) is detected by its reader, set aside and
+rebuilt by what made it to the same bytes (`islands/repair.py`); what
+cannot be rebuilt stops the run in one line; a store of other code is
+refused."""
 
 import dataclasses
 import pathlib
@@ -188,3 +189,25 @@ def test_a_store_of_other_code_is_refused_in_one_line(exp, tmp_path):
         r"is .*: join it with the same code")) as e:
       join()
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["download", "published"])
+def test_a_damaged_download_copy_is_rebuilt_by_its_executor(tmp_path, kind):
+  # Compressed downloads: version 1's change (read by a worker holding
+  # version 0's copy) and its whole copy (read by a worker holding none).
+  exp = test_islands._experiment(tmp_path / "exp", num_steps=2 * H,
+                                 download_compression="int4")
+  run, spec, runners = _start(exp, tmp_path, 1)
+  _collect(run, spec)
+  key = getattr(layout, f"{kind}_dir")(run, exp.topology.slots[0].name, 0, 1)
+  before = atomic.read_commit(key)["digests"]
+  _flip(key)
+  reader = runners[0] if kind == "download" else harness._runner(
+      run, spec, "x0")
+  damaged = _report(run, lambda: reader.run_task(runner_lib.Task(1, (0, 1))),
+                    [])
+  assert damaged.kind == kind and damaged.version == 1
+  repair.rebuild_versions(_executor(run, spec),
+                          executor_lib.module_likes(spec), "executor")
+  assert atomic.read_commit(key)["digests"] == before
+  reader.run_task(runner_lib.Task(1, (0, 1)))
