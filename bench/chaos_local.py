@@ -15,6 +15,20 @@ files, so that case 6 can edit it). The uninterrupted reference is run
 once; the other cases start from copies of its workdir (its data/ and
 runs/base, or all of it with the checkpoints then damaged).
 
+The cases (one table row each, numbered as in the table): 0 the reference;
+1 kill -9 mid-training, rerun; 2-5 damaged checkpoints (a bit flipped,
+truncated, 64 KiB overwritten, _METADATA deleted, every kept one damaged);
+6 the corpus unchanged / edited, rerun; 7 a second job in the workdir;
+8 bad config values; 9 divergence; 10 rerun of a finished workdir;
+11 corpora with nothing to read; 12 --workdir a file; 13 SIGTERM
+mid-training (exit 75, a checkpoint at the step it stopped), rerun; 14 a
+full disk during a checkpoint (a 40 MiB tmpfs: needs `mount`, else NOT
+RUN, counted apart from FAIL), then more space, rerun; 15 a step too big
+for memory (refused before the data stage); 16 --config files missing or
+not Python; 17 exports: generate from a truncated one, --out not empty,
+--overwrite; 18 a corpus file with undecodable bytes and a dangling link
+(the data stage only).
+
 "Equal" means: the `models` block of results.json (every model's loss and
 perplexity) is equal as parsed JSON floats (bit for bit: the floats are
 written with repr), AND every array of the final checkpoint (step 40) of
@@ -28,6 +42,8 @@ cached executables.
 """
 
 import argparse
+import glob
+import hashlib
 import json
 import os
 import random
@@ -54,6 +70,7 @@ SMALL = ["--fake_devices=8", "--config.base.num_steps=20",
 CORPUS_BYTES, MAX_FILE = 1_300_000, 120_000
 
 _LIVE = {}  # pid -> Popen of every process started and not yet reaped
+_MOUNTS = []  # tmpfs mount points made (case 14), unmounted at the end
 _T0 = time.time()
 _DEADLINE = [float("inf")]
 
@@ -80,8 +97,35 @@ def kill_all() -> None:
     _kill(p)
 
 
+def unmount(mnt: Path) -> None:
+  """Unmounts a tmpfs this script mounted (lazily if still busy)."""
+  for cmd in (["umount", str(mnt)], ["umount", "-l", str(mnt)]):
+    if subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0:
+      break
+  if mnt in _MOUNTS:
+    _MOUNTS.remove(mnt)
+
+
+def unmount_all(under: Path | None = None) -> None:
+  """Unmounts what this script mounted, or (`under`) anything mounted below
+  a work dir a killed earlier run left behind."""
+  if under is None:
+    for mnt in list(_MOUNTS):
+      unmount(mnt)
+    return
+  try:
+    mounts = [l.split()[1] for l in Path("/proc/mounts").read_text()
+              .splitlines()]
+  except OSError:
+    return
+  for m in sorted(mounts, reverse=True):
+    if m.startswith(str(under) + "/"):
+      unmount(Path(m))
+
+
 def _on_signal(signum, _frame):
   kill_all()
+  unmount_all()
   sys.exit(128 + signum)
 
 
@@ -328,24 +372,36 @@ class Chaos:
 
   # Helpers.
 
-  def cmd(self, workdir, *extra, corpus=None):
+  def cmd(self, workdir, *extra, corpus=None,
+          config="experiments/quickstart.py:small"):
     corpus = corpus or self.corpus
-    return [sys.executable, "-m", "dipaco_jax.main",
-            "--config=experiments/quickstart.py:small", f"--workdir={workdir}",
-            *SMALL, f"--config.data.text_glob={corpus}/*.py", *extra]
+    return [sys.executable, "-m", "dipaco_jax.main", f"--config={config}",
+            f"--workdir={workdir}", *SMALL,
+            f"--config.data.text_glob={corpus}/*.py", *extra]
 
-  def start(self, name, workdir, *extra, corpus=None) -> Proc:
+  def start(self, name, workdir, *extra, corpus=None, config=None) -> Proc:
     print(f"  [{time.time() - _T0:6.0f}s] {name}: main.py in "
-          f"{Path(workdir).name}{' ' + ' '.join(extra) if extra else ''}",
-          flush=True)
-    return Proc(self.logs, name, self.cmd(workdir, *extra, corpus=corpus),
-                self.env)
+          f"{Path(workdir).name}{' ' + ' '.join(extra) if extra else ''}"
+          f"{' --config=' + str(config) if config else ''}", flush=True)
+    kw = {"config": config} if config else {}
+    return Proc(self.logs, name, self.cmd(workdir, *extra, corpus=corpus,
+                                          **kw), self.env)
 
-  def main(self, name, workdir, *extra, timeout=600, corpus=None) -> Proc:
-    return self.start(name, workdir, *extra, corpus=corpus).wait(timeout)
+  def main(self, name, workdir, *extra, timeout=600, corpus=None,
+           config=None) -> Proc:
+    return self.start(name, workdir, *extra, corpus=corpus,
+                      config=config).wait(timeout)
+
+  def tool(self, name, module, *args, timeout=300) -> Proc:
+    """`python -m module args` (export, generate), waited for."""
+    print(f"  [{time.time() - _T0:6.0f}s] {name}: {module} "
+          f"{' '.join(str(a) for a in args)}", flush=True)
+    return Proc(self.logs, name, [sys.executable, "-m", module, *map(
+        str, args)], self.env).wait(timeout)
 
   def row(self, case, expected, observed, ok, t0=None):
-    verdict = "PASS" if ok else "FAIL"
+    """`ok` None: the case could not run on this machine (NOT RUN)."""
+    verdict = "NOT RUN" if ok is None else "PASS" if ok else "FAIL"
     if t0 is not None:
       self.timings.append((case.split()[0], time.time() - t0))
     self.rows.append((case, expected, observed, verdict))
@@ -523,10 +579,10 @@ class Chaos:
   # 8, 11, 12: one-line refusals.
 
   def refusal(self, case, expected, name, extra, must_name, corpus=None,
-              workdir=None, created_ok=False):
+              workdir=None, created_ok=False, config=None):
     t0 = time.time()
     w = workdir or self.work / name
-    p = self.main(name, w, *extra, timeout=300, corpus=corpus)
+    p = self.main(name, w, *extra, timeout=300, corpus=corpus, config=config)
     err = p.err_lines()
     created = Path(w).is_dir() if workdir is None else False
     ok = (p.rc == 2 and len(err) == 1 and all(s in err[0] for s in must_name)
@@ -676,6 +732,344 @@ class Chaos:
              f"reused lines: {short(' / '.join(reused), 120) or 'none'}",
              ok6b, t0)
 
+  # 13: a preemption notice (SIGTERM) mid-training, then the same command.
+
+  def preemption(self):
+    case = "13 SIGTERM mid-training (preemption), rerun"
+    expected = ("exit 75, one `error: preempted by SIGTERM: checkpoint saved "
+                "at step N; ...` line, no traceback, step N committed; the "
+                "rerun resumes from N; results equal")
+    t0 = time.time()
+    w = clone(self.ref, self.work / "c13_sigterm", CLONE_BASE)
+    p = self.start("c13_sigterm", w)
+    step_of = lambda l: int(re.search(r"step +(\d+)/", l).group(1))
+
+    def between():  # DiPaCo progress lines at a step between checkpoints.
+      return [l for l in lines(p.out, r"^\[dipaco\] step +\d+/")
+              if step_of(l) % EVERY]
+    if not wait_for(lambda: bool(between()), 600, p):
+      p.wait(1)
+      self.fail_not_run(case, expected, "no DiPaCo progress line between "
+                        f"checkpoints ({p.status()})")
+      return
+    seen = between()[-1]
+    dipaco_steps = committed_steps(w)
+    os.kill(p.pid, signal.SIGTERM)
+    p.wait(120)
+    err = p.err
+    said = lines(err, r"^error: preempted by SIGTERM: checkpoint saved at "
+                 r"step \d+;")
+    n = int(re.search(r"step (\d+);", said[0]).group(1)) if said else None
+    dense = (w / "runs" / "dense").exists()
+    run = "dense" if dense else "dipaco"
+    steps = committed_steps(w, run)
+    traceback = "Traceback" in err
+    stopped = (p.rc == 75 and len(said) == 1 and not traceback
+               and n in steps)
+    where = ("between checkpoints" if n is not None and n % EVERY else
+             "at a checkpoint step")
+    stop_obs = (
+        f"SIGTERM after {short(seen, 50)!r} (dipaco steps saved "
+        f"{dipaco_steps}): {p.status()}, {len(p.err_lines())} stderr "
+        f"line(s), {len(said)} `error: preempted` line: "
+        f"{short(said[0], 120) if said else short(err, 120)!r}"
+        f"{'; TRACEBACK' if traceback else '; no traceback'}; {run} steps "
+        f"committed {steps} (step {n} {where})")
+    rerun = self.main("c13_rerun", w, timeout=600)
+    resumed = lines(rerun.out, rf"^\[{run}\] resuming from step {n}\b")
+    damaged = lines(rerun.out, r"^\[ckpt\] checkpoint step \d+ is")
+    same, note = (equal_to_ref(self.ref, w, self.ref_results)
+                  if rerun.rc == 0 else (False, "no results"))
+    ok = (stopped and rerun.rc == 0 and len(resumed) == 1 and not damaged
+          and same)
+    self.row(case, expected,
+             f"{stop_obs}; rerun {rerun.status()}: "
+             f"{short(resumed[0], 70) if resumed else 'NOT resumed from N'}"
+             f"{'; ' + short(damaged[0], 80) if damaged else ''}; "
+             f"{stderr_note(rerun)}; {note}", ok, t0)
+
+  # 14: a full disk during a checkpoint (a small tmpfs), then more space.
+
+  def disk_full(self):
+    case = "14 disk full during a checkpoint (40 MiB tmpfs), more space, rerun"
+    expected = ("one `error: disk full ...` line, no traceback, non-zero "
+                "exit; no committed checkpoint damaged; remounted at 300 "
+                "MiB, the rerun resumes; results equal")
+    t0 = time.time()
+    mnt = self.work / "c14_tmpfs"
+    mnt.mkdir()
+    try:
+      r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs",
+                          str(mnt)], capture_output=True, text=True,
+                         timeout=60)
+      why = short(r.stderr or f"exit {r.returncode}", 120)
+      mounted = r.returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as e:
+      mounted, why = False, f"{type(e).__name__}: {e}"
+    if not mounted:
+      self.row(case, expected, f"not run here: mount -t tmpfs refused "
+               f"({why})", None, t0)
+      return
+    _MOUNTS.append(mnt)
+    try:
+      self._disk_full(case, expected, mnt, t0)
+    finally:
+      unmount(mnt)
+
+  def _disk_full(self, case, expected, mnt, t0):
+    w = clone(self.ref, mnt / "w", CLONE_BASE)
+    free = lambda: shutil.disk_usage(mnt).free / 2**20
+    free0 = free()
+    p = self.main("c14_full", w, timeout=600)
+    err = p.err
+    said = lines(err, r"^error: disk full")
+    traceback = "Traceback" in err
+    after = committed_steps(w)
+    full_obs = (f"{free0:.0f} MiB free after the copy (data, base run); "
+                f"{p.status()}, {len(p.err_lines())} stderr line(s): "
+                f"{short(said[0], 200) if said else short(err, 200)!r}"
+                f"{'; TRACEBACK' if traceback else '; no traceback'}; dipaco "
+                f"steps committed {after}")
+    stopped = (p.rc not in (0, None) and not p.timed_out and len(said) == 1
+               and len(p.err_lines()) == 1 and not traceback)
+    r = subprocess.run(["mount", "-o", "remount,size=300m", str(mnt)],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode:
+      self.row(case, expected, f"{full_obs}; remount refused "
+               f"({short(r.stderr, 100)})", False, t0)
+      return
+    rerun = self.main("c14_rerun", w, timeout=600)
+    last = max(after) if after else None
+    resumed = lines(rerun.out, r"^\[dipaco\] resuming from step \d+")
+    damaged = lines(rerun.out, r"^\[ckpt\] checkpoint step \d+ is")
+    same, note = (equal_to_ref(self.ref, w, self.ref_results)
+                  if rerun.rc == 0 else (False, "no results"))
+    ok = (stopped and bool(after) and rerun.rc == 0 and not damaged
+          and len(resumed) == 1 and f"step {last} " in resumed[0] + " "
+          and same)
+    self.row(case, expected,
+             f"{full_obs}; remounted at 300 MiB, rerun {rerun.status()}: "
+             f"{short(resumed[0], 70) if resumed else 'NOT resumed'}; "
+             f"{'damaged: ' + short(damaged[0], 80) if damaged else 'no checkpoint reported damaged'}"
+             f"; {stderr_note(rerun)}; {note}", ok, t0)
+
+  # 15: a step that cannot fit in memory.
+
+  def memory_estimate(self):
+    case = "15 data.seq_len=100000, train.batch_size=100000"
+    expected = ("exit 2, one line naming the fields and the memory estimate, "
+                "before the data stage; nothing created")
+    t0 = time.time()
+    w = self.work / "c15_memory"
+    p = self.main("c15_memory", w, "--config.data.seq_len=100000",
+                  "--config.train.batch_size=100000", timeout=300)
+    err = p.err_lines()
+    first = err[0] if err else ""
+    data = lines(p.out, r"^\[data\]")
+    estimate = re.search(r"\d[\d.,]* ?[KMGTPE]i?B", first)
+    ok = (p.rc == 2 and len(err) == 1 and "Traceback" not in p.err
+          and all(f in first for f in ("train.batch_size", "data.seq_len"))
+          and bool(estimate) and not data and not w.exists())
+    self.row(case, expected,
+             f"{p.status()} in {p.seconds:.0f} s; {len(err)} stderr line(s): "
+             f"{short(first, 460)!r}; {len(data)} [data] lines; "
+             f"{'workdir created' if w.exists() else 'nothing created'}",
+             ok, t0)
+
+  # 16: config files missing or not Python.
+
+  def config_files(self):
+    bad = self.work / "bad_syntax.py"
+    bad.write_text("def get_config(:\n  return None\n")
+    missing = self.work / "missing.py"
+    for sub, config, extra, what in [
+        ("a", missing, ["--config.seed=1"], "missing, with an override"),
+        ("b", bad, [], "a syntax error"),
+        ("c", bad, ["--config.seed=1"], "a syntax error, with an override")]:
+      self.refusal(f"16{sub} --config file {what}",
+                   "exit 2, one stderr line naming the file; nothing created",
+                   f"c16{sub}", extra, [str(config)], config=config)
+
+  # 17: exports: a damaged one, a non-empty --out, --overwrite.
+
+  def exports(self):
+    case_a = "17a generate from an export whose array file was truncated"
+    exp_a = ("exit 2, one line naming the file and the export command to "
+             "rerun (--overwrite)")
+    case_b = "17b export into a non-empty folder (someone's file)"
+    exp_b = ("refused in one line (with --overwrite too); nothing written")
+    case_c = ("17c export over the damaged export: without --overwrite, then "
+              "the line's command; then --path=0 --overwrite")
+    exp_c = ("refused without --overwrite; the command replaces it whole "
+             "(same files, arrays equal the first export's), generate works; "
+             "--path=0 over --all leaves only the path's files")
+    t0 = time.time()
+    out = self.work / "c17_export"
+    first = self.tool("c17_export", "dipaco_jax.export",
+                      f"--workdir={self.ref}", "--all", f"--out={out}")
+    if first.rc != 0:
+      for case, exp in ((case_a, exp_a), (case_b, exp_b), (case_c, exp_c)):
+        self.fail_not_run(case, exp, f"the export failed ({first.status()},"
+                          " logs/c17_export.err)")
+      return
+    files = export_files(out)
+    arrays = sorted((f for f in (out / "path_000" / "params").rglob("*")
+                     if f.is_file() and f.stat().st_size > 0
+                     and not f.name.startswith(("_", "commit", "COMMITTED"))),
+                    key=lambda f: (-f.stat().st_size, str(f)))
+    target = arrays[0]
+    size = target.stat().st_size
+    with open(target, "r+b") as f:
+      f.truncate(size // 2)
+    prompt = ["--prompt=def main(argv):", "--max_new_tokens=8"]
+    gen = self.tool("c17a_generate", "dipaco_jax.generate", f"--export={out}",
+                    *prompt)
+    err = gen.err_lines()
+    line = err[0] if err else ""
+    fix = re.search(r"export it again: (python -m dipaco_jax\.export \S.*?)"
+                    r"\.?$", line)
+    ok_a = (gen.rc == 2 and len(err) == 1 and "Traceback" not in gen.err
+            and str(target) in line and bool(fix)
+            and "--overwrite" in fix.group(1))
+    self.row(case_a, exp_a,
+             f"{target.relative_to(out)} truncated {size:,} -> "
+             f"{size // 2:,} bytes; {gen.status()}, {len(err)} stderr "
+             f"line(s): {short(line, 420)!r}", ok_a, t0)
+
+    # 17b: a folder holding someone's file, without and with --overwrite.
+    t0 = time.time()
+    other = self.work / "c17b_mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    obs_b, ok_b = [], True
+    for i, extra in enumerate(([], ["--overwrite"])):
+      p = self.tool(f"c17b_export{i}", "dipaco_jax.export",
+                    f"--workdir={self.ref}", "--path=0", f"--out={other}",
+                    *extra)
+      e = p.err_lines()
+      left = sorted(os.listdir(other))
+      partial = sorted(x.name for x in self.work.glob(".c17b_mine*"))
+      ok_b &= (p.rc == 2 and len(e) == 1 and "notes.txt" in e[0]
+               and left == ["notes.txt"] and not partial
+               and (other / "notes.txt").read_text() == "mine\n")
+      obs_b.append(f"{' '.join(extra) or 'plain'}: {p.status()}, {len(e)} "
+                   f"line(s): {short(e[0] if e else '', 200 - 120 * i)!r}; "
+                   f"folder holds {left}"
+                   f"{'; ' + str(partial) + ' beside it' if partial else ''}")
+    self.row(case_b, exp_b, "; ".join(obs_b), ok_b, t0)
+
+    # 17c: over the export: refused without --overwrite; the fix command.
+    t0 = time.time()
+    again = self.tool("c17c_export_again", "dipaco_jax.export",
+                      f"--workdir={self.ref}", "--all", f"--out={out}")
+    e = again.err_lines()
+    still = target.stat().st_size
+    refused = (again.rc == 2 and len(e) == 1 and "--overwrite" in e[0]
+               and still == size // 2)
+    obs = [f"plain: {again.status()}, {len(e)} line(s): "
+           f"{short(e[0] if e else '', 110)!r}"
+           f"{'' if still == size // 2 else '; the export CHANGED'}"]
+    ok_c = refused
+    if fix:
+      args = fix.group(1).split()[3:]  # After "python -m dipaco_jax.export".
+      redo = self.tool("c17c_export_fix", "dipaco_jax.export", *args)
+      now = export_files(out)
+      same_names = sorted(now) == sorted(files)
+      differ = [k for k in files if is_array_file(k)
+                and now.get(k) != files[k]]
+      gen2 = self.tool("c17c_generate", "dipaco_jax.generate",
+                       f"--export={out}", *prompt)
+      ok_c &= (redo.rc == 0 and same_names and not differ and gen2.rc == 0
+               and target.stat().st_size == size)
+      obs.append(f"the line's command ({' '.join(args[-2:])}): "
+                 f"{redo.status()}; {len(now)} files "
+                 f"{'(the same names)' if same_names else '(OTHER names)'}, "
+                 f"{sum(map(is_array_file, files)) - len(differ)} of "
+                 f"{sum(map(is_array_file, files))} array files equal the "
+                 f"first export's; generate {gen2.status()}")
+      one = self.tool("c17c_export_path0", "dipaco_jax.export",
+                      f"--workdir={self.ref}", "--path=0", f"--out={out}",
+                      "--overwrite")
+      left = sorted(os.listdir(out))
+      beside = sorted(x.name for x in self.work.glob(".c17_export*"))
+      ok_c &= (one.rc == 0 and left == ["model.json", "params", "spm.model"]
+               and not beside)
+      obs.append(f"--path=0 --overwrite: {one.status()}; {out.name} holds "
+                 f"{left}{'; ' + str(beside) + ' beside it' if beside else ''}")
+    else:
+      ok_c = False
+      obs.append("no command in 17a's line to run")
+    self.row(case_c, exp_c, "; ".join(obs), ok_c, t0)
+
+  # 18: a corpus file with a few undecodable bytes, and a dangling link.
+
+  def corpus_damaged_files(self):
+    case = "18 corpus: 3 invalid UTF-8 bytes in a file, a dangling symlink"
+    expected = ("the file read with the bytes replaced (`[data] replaced 3 "
+                "undecodable bytes` naming it); the link named among the "
+                "skipped files, counted against the glob's matches")
+    t0 = time.time()
+    corpus = self.work / "corpus_bytes"
+    corpus.mkdir()
+    # 25 files (under data.max_corpus_chars, so that every one is read).
+    for f in sorted(self.corpus.glob("*.py"))[:25]:
+      shutil.copyfile(f, corpus / f.name)
+    victim = max(corpus.glob("*.py"), key=lambda f: (f.stat().st_size,
+                                                    f.name))
+    data = bytearray(victim.read_bytes())
+    for frac in (0.25, 0.5, 0.75):  # One 0xff byte before 3 line ends.
+      i = data.index(b"\n", int(len(data) * frac))
+      data[i:i] = b"\xff"
+    victim.write_bytes(bytes(data))
+    link = corpus / "zz_gone.py"
+    link.symlink_to(self.work / "nowhere.py")
+    matched = len(glob.glob(str(corpus / "*.py")))
+    w = self.work / "c18_corpus"
+    p = self.start("c18_corpus", w, corpus=corpus)
+    # The data stage only: stopped once the next stage starts.
+    data_done = lambda: bool(lines(p.out, r"^\[(base|router|dipaco)\]"))
+    reached = wait_for(data_done, 600, p)
+    if p.p.poll() is None:
+      p.kill9()
+    else:
+      p.wait(1)
+    replaced = lines(p.out, r"^\[data\] replaced \d+ undecodable byte")
+    skipped = lines(p.out, r"^\[data\] skipped ")
+    splits = lines(p.out, r"^\[data\] train: ")
+    ok = (reached and len(replaced) == 1 and len(skipped) == 1
+          and bool(splits)
+          and "replaced 3 undecodable bytes" in replaced[0]
+          and f"{victim.name} (3)" in replaced[0]
+          and f"skipped 1 of {matched} files" in skipped[0]
+          and "zz_gone.py (dangling link)" in skipped[0]
+          and f"read {matched - 1} of the {matched}" in skipped[0]
+          and victim.name not in skipped[0])
+    self.row(case, expected,
+             f"glob matches {matched} ({matched - 1} files + the link); "
+             f"{short(' / '.join(replaced + skipped), 400) or 'no [data] line about them'}"
+             f"; {short(splits[0], 60) if splits else 'NO data stage'}; "
+             f"stopped {'after the data stage' if reached else p.status()}",
+             ok, t0)
+
+
+def stderr_note(p: Proc) -> str:
+  """A rerun's stderr, which a careful user reads too."""
+  err = p.err_lines()
+  return (f"rerun stderr: {len(err)} line(s)"
+          + (f", e.g. {short(err[0], 150)!r}" if err else ""))
+
+
+def export_files(out: Path) -> dict:
+  """{relative path: sha256} of every file of an export."""
+  return {str(f.relative_to(out)): hashlib.sha256(f.read_bytes()).hexdigest()
+          for f in sorted(out.rglob("*")) if f.is_file()}
+
+
+def is_array_file(rel: str) -> bool:
+  """An export's array data (the rest holds timestamps and its path)."""
+  return "/item/" in rel and Path(rel).name not in (
+      "_CHECKPOINT_METADATA", "commit_success.txt")
+
 
 def table(rows) -> str:
   esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
@@ -704,6 +1098,7 @@ def main():
 
   c = Chaos(args)
   if c.work.exists():
+    unmount_all(under=c.work)  # A killed earlier run's tmpfs (case 14).
     shutil.rmtree(c.work)
   c.logs.mkdir(parents=True)
   print(f"chaos_local: work {c.work}, seed {c.seed}; logs in {c.logs}",
@@ -714,19 +1109,29 @@ def main():
       c.kill_and_lock()
       c.damage_cases()
       c.divergence()
+      c.preemption()
+      c.disk_full()
+      c.exports()
     else:
-      for case in ("1", "2", "3", "4", "5", "6", "7", "9", "10"):
+      for case in ("1", "2", "3", "4", "5", "6", "7", "9", "10", "13", "14",
+                   "17"):
         c.fail_not_run(case, "-", "the reference run failed (logs/ref.*)")
     c.bad_values()
+    c.config_files()
     c.bad_corpus_and_workdir()
+    c.corpus_damaged_files()  # Before case 6b edits the shared corpus.
     if c.ref_results is not None:
-      c.rerun_and_corpus(spares)  # Last: edits the shared corpus.
+      c.rerun_and_corpus(spares)  # Edits the shared corpus.
+    c.memory_estimate()  # Last: its check was the newest.
   finally:
     kill_all()
+    unmount_all()
   total = time.time() - _T0
   fails = sum(r[3] == "FAIL" for r in c.rows)
+  not_run = sum(r[3] == "NOT RUN" for r in c.rows)
   header = (
-      f"chaos_local: {len(c.rows)} cases, {fails} FAIL, "
+      f"chaos_local: {len(c.rows)} cases, {fails} FAIL"
+      f"{f', {not_run} NOT RUN' if not_run else ''}, "
       f"{total / 60:.1f} min on {os.cpu_count()} cores; seed {c.seed}; "
       f"run: experiments/quickstart.py:small {' '.join(SMALL)} "
       f"--config.data.text_glob=CORPUS/*.py; 'equal' = results.json models "
