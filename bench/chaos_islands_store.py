@@ -1,5 +1,5 @@
 r"""Island chaos cases of docs/reliability.md: damaged keys, preemption,
-a role of other code (issue 41's island cases, rerun).
+a role of other code (the island failures a new user met, rerun).
 
 Called by bench/chaos_islands_store.sh (its header: usage, runtime). Runs
 the cases below one at a time, bounds every wait with a timeout, kills what
@@ -411,7 +411,7 @@ class Chaos:
   def flipped_final(self):
     case = "2 3 bytes flipped in the final module version, results.json deleted, rerun"
     expected = ("`damaged key` and `rebuilt modules/...` printed; exit 0; "
-                "perplexities equal (issue 41: `reusing`, routed 254.01 -> "
+                "perplexities equal (before: `reusing`, routed 254.01 -> "
                 "577.97, no word)")
     t0 = time.time()
     w = clone(self.ref, self.work / "c2_flip")
