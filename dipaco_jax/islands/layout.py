@@ -39,6 +39,7 @@ parameters, so committed parameters mean the whole version is there.
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import threading
 import time
@@ -266,7 +267,11 @@ def role_errors(role: str):
       print(f"[{role}] {e.signal_name}: stopped; committed keys stay, its "
             "unfinished work is done again by whoever takes it up",
             file=sys.stderr, flush=True)
-      sys.exit(preemption.EXIT_PREEMPTED)
+      sys.stdout.flush()
+      # At once, as a kill would: nothing is left to save (the worker's
+      # last beat is written), and the interpreter's teardown with JAX
+      # took ~1.8 s a role.
+      os._exit(preemption.EXIT_PREEMPTED)  # pylint: disable=protected-access
 
 
 def config_to_json_dict(config) -> dict:

@@ -39,14 +39,23 @@ class Role:
           self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
           start_new_session=True)
 
+  def running(self) -> bool:
+    return self.process is not None and self.process.poll() is None
+
   def stop(self, timeout_s: float = 10.0) -> None:
-    if self.process is not None and self.process.poll() is None:
+    """SIGTERM (the role's one line and exit), SIGKILL after `timeout_s`."""
+    if self.running():
       self.process.terminate()
-      try:
-        self.process.wait(timeout=timeout_s)
-      except subprocess.TimeoutExpired:
-        self.process.kill()
-        self.process.wait(timeout=timeout_s)
+    self.wait(timeout_s)
+
+  def wait(self, timeout_s: float = 10.0) -> None:
+    if self.process is None:
+      return
+    try:
+      self.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+      self.process.wait(timeout=timeout_s)
 
 
 def _role_env() -> dict:
@@ -131,5 +140,9 @@ def supervise(run, roles: list[Role], options, log,
         role.start()
       time.sleep(poll_s)
   finally:
+    # Signalled all at once, then awaited: each exits in its own time.
     for role in roles:
-      role.stop()
+      if role.running():
+        role.process.terminate()
+    for role in roles:
+      role.wait()
