@@ -263,8 +263,7 @@ def read_python_stdlib(
   kept = _read_files(files, reading, max_corpus_chars)
   # Strict: the stdlib's only such files are its encoding tests' malformed
   # sources, skipped as ever (the figures measured on it unchanged).
-  texts = {name: text for name, _, text in _texts(kept, reading,
-                                                  replace=False)}
+  texts = {name: text for name, _, text in _texts(kept, reading, False)}
   logging.info('stdlib corpus: %d files read from %s, %d skipped.',
                reading.read, root, len(reading.skipped))
   splits = _documents_from_files(texts, max_doc_chars, validation_fraction)
