@@ -67,7 +67,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -83,10 +82,17 @@ MODULE = "modules/layers_00_01/00000"  # The damaged module's key prefix.
 ROLES = ("coordinator", "worker", "executor")
 ROUTED = "dipaco routed once per document"
 
-_LIVE = {}  # pid -> Popen of every process started and not yet reaped
+# The process, table and text helpers are the main-job script's: one
+# registry of live processes (`_LIVE`) and one deadline for both.
+sys.path.insert(0, str(REPO / "bench"))
+import chaos_local  # pylint: disable=g-import-not-at-top,wrong-import-position
+from chaos_local import (  # pylint: disable=g-import-not-at-top,wrong-import-position
+    Proc, _kill, lines, load_results, short, table, wait_for)
+
+_LIVE = chaos_local._LIVE  # pylint: disable=protected-access
 _STORES = set()  # Stores whose roles (own sessions) this script started
 _T0 = time.time()
-_DEADLINE = [float("inf")]
+_DEADLINE = chaos_local._DEADLINE  # pylint: disable=protected-access
 
 
 # --- Processes -------------------------------------------------------------
@@ -120,20 +126,6 @@ def role_pids(store: Path, role: str | None = None,
   return found
 
 
-def _kill(p: subprocess.Popen) -> None:
-  """SIGKILL to the process group of `p` (its own session), then reap."""
-  if p.poll() is None:
-    try:
-      os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-  try:
-    p.wait(timeout=30)
-  except subprocess.TimeoutExpired:
-    pass
-  _LIVE.pop(p.pid, None)
-
-
 def kill_roles(store: Path) -> int:
   """SIGKILL to every role still running on `store` (each in its own
   session, started by a launcher of this script); returns how many."""
@@ -156,62 +148,6 @@ def kill_all() -> None:
 def _on_signal(signum, _frame):
   kill_all()
   sys.exit(128 + signum)
-
-
-class Proc:
-  """A process, its stdout/stderr in LOGS/name.out/.err."""
-
-  def __init__(self, logs: Path, name: str, cmd: list[str], env: dict):
-    self.name = name
-    self.out_path, self.err_path = logs / f"{name}.out", logs / f"{name}.err"
-    self.t0 = time.time()
-    with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-      self.p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out,
-                                stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    _LIVE[self.p.pid] = self.p
-    self.pid = self.p.pid
-    self.rc, self.timed_out, self.seconds = None, False, None
-
-  def wait(self, timeout: float):
-    """Waits at most `timeout` (and the global deadline), then kills."""
-    timeout = max(1.0, min(timeout, _DEADLINE[0] - time.time()))
-    try:
-      self.rc = self.p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-      self.timed_out = True
-      _kill(self.p)
-      self.rc = self.p.returncode
-    _LIVE.pop(self.pid, None)
-    self.seconds = time.time() - self.t0
-    return self
-
-  @property
-  def out(self) -> str:
-    return self.out_path.read_text(errors="replace")
-
-  @property
-  def err(self) -> str:
-    return self.err_path.read_text(errors="replace")
-
-  def err_lines(self) -> list[str]:
-    return [l for l in self.err.splitlines() if l.strip()]
-
-  def status(self) -> str:
-    return "TIMEOUT" if self.timed_out else f"rc {self.rc}"
-
-
-def wait_for(predicate, timeout: float, proc: Proc | None = None,
-             poll: float = 0.2) -> bool:
-  """Polls `predicate` for at most `timeout` s; False early if `proc` ends."""
-  end = min(time.time() + timeout, _DEADLINE[0])
-  while time.time() < end:
-    if predicate():
-      return True
-    if proc is not None and proc.p.poll() is not None:
-      return bool(predicate())
-    time.sleep(poll)
-  return False
 
 
 # --- Workdirs, stores, damage ------------------------------------------------
@@ -293,32 +229,16 @@ def read_json(path: Path) -> dict | None:
     return None
 
 
-def load_results(workdir: Path) -> dict | None:
-  try:
-    return json.loads((workdir / "results.json").read_text())
-  except (OSError, ValueError):
-    return None
-
-
 def role_logs(store: Path) -> dict[str, str]:
   d = store / "logs"
   return {p.name: p.read_text(errors="replace")
           for p in sorted(d.glob("*.log"))} if d.is_dir() else {}
 
 
-def lines(text: str, pattern: str) -> list[str]:
-  return [l for l in text.splitlines() if re.search(pattern, l)]
-
-
 def log_lines(store: Path, pattern: str) -> list[str]:
   """`name: line` for every line of the role logs matching `pattern`."""
   return [f"{name}: {l.strip()}" for name, text in role_logs(store).items()
           for l in lines(text, pattern)]
-
-
-def short(text: str, limit: int = 220) -> str:
-  text = " ".join(text.split())
-  return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def routed(results: dict | None):
@@ -631,13 +551,6 @@ class Chaos:
              f"{obs}; rerun {rerun.status()} in {rerun.seconds:.0f} s"
              f"{' (roles started again)' if restarted else ''}; {note}",
              ok, t0)
-
-
-def table(rows) -> str:
-  esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
-  out = ["| case | expected | observed | verdict |", "|---|---|---|---|"]
-  out += [f"| {' | '.join(esc(c) for c in r)} |" for r in rows]
-  return "\n".join(out)
 
 
 def main():
