@@ -253,7 +253,7 @@ class Coordinator:
   def tick(self) -> bool:
     """One scheduling pass; True once the run is done."""
     live = self.live_workers()
-    self._requeue_damaged()
+    self._requeue_damaged(live)
     self._advance_frontier()
     # Free the workers whose task is done (counted once, to the holder);
     # the frontier says so even once its keys are collected.
@@ -292,7 +292,7 @@ class Coordinator:
       self.collect_garbage()
     return False
 
-  def _requeue_damaged(self) -> None:
+  def _requeue_damaged(self, live) -> None:
     """Re-queues the task that made each damaged contribution or AdamW
     state (`islands/repair.py`), once its own inputs are on the store;
     stops the run in one line when they are not."""
@@ -318,7 +318,7 @@ class Coordinator:
         task = lease.get("task")
         if task is not None and tuple(task["group"]) == self.groups[g]:
           self._write_lease(worker, None)
-      self._save_state(list(self.seen))
+      self._save_state(live)
       repair.done(path)
 
   def _missing_inputs(self, r: int, g: int) -> str | None:
