@@ -177,7 +177,8 @@ _CHOICES = {
                      "overlap"),
     "diloco.compression": ("none", "int8", "int4", "e3m0", "lowrank",
                            "lowrank_shared", "topk"),
-    "diloco.download_compression": ("none", "int8", "int4", "e3m0"),
+    "diloco.download_compression": ("none", "int8", "int4", "e3m0",
+                                    "topk"),
     "diloco.sparse_aggregate": ("mean", "senders"),
     "diloco.preset": ("", "streaming", "dilocox", "sparseloco"),
 }

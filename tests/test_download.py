@@ -74,6 +74,38 @@ def test_int4_downloads_by_hand():
                              outer["params"]["s"]["w"], atol=1e-7)
 
 
+def test_topk_downloads_by_hand():
+  # delay none, chunked top-k down: chunks of 4, 1 kept in each (fraction
+  # 0.25), a kept value sent exactly (k = 1: both magnitudes are its own).
+  # Nothing is lost: the change g - p keeps what was not sent, so the copy
+  # reaches g within 4 rounds of nobody moving.
+  spec = compress.CompressionSpec(topk_fraction=0.25, topk_chunk=4)
+  comms = {"s": comm_lib.SlotComm(spec=spec, download="topk")}
+  bank = {"s": {"w": jnp.zeros((1, 8))}}
+  inner_extra, outer_extra = comm_step.init_extra(
+      comms, {"s": {"w": jnp.zeros((2, 8))}}, bank, TX)
+  outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
+           **outer_extra}
+  inner = dict(inner_extra)
+  g = [0.5, 0.1, -0.2, 0.05, 0.0, -0.3, 0.1, 0.2]
+  copies = [[0.5, 0, 0, 0, 0, -0.3, 0, 0],           # the largest per chunk
+            [0.5, 0, -0.2, 0, 0, -0.3, 0, 0.2],       # then the next ...
+            [0.5, 0.1, -0.2, 0, 0, -0.3, 0.1, 0.2],
+            g]
+  x = jnp.array([g] * 2)  # Round 0: both workers end at g.
+  for want in copies:
+    outer, inner = _outer_step(comms, outer, inner, x)
+    np.testing.assert_allclose(outer["params"]["s"]["w"], [g], atol=1e-6)
+    np.testing.assert_allclose(outer["published"]["s"]["w"], [want],
+                               atol=1e-6)
+    np.testing.assert_allclose(inner["params"]["s"]["w"], [want] * 2,
+                               atol=1e-6)
+    # Per worker: 2 indices of 2 bits and 2 codes of 2 bits (a byte each)
+    # and two float32 magnitudes per chunk.
+    np.testing.assert_array_equal(inner["recv_bytes_W"], [18.0, 18.0])
+    x = inner["params"]["s"]["w"]  # Then nobody moves: c = 0.
+
+
 def test_int4_downloads_with_overlap_by_hand():
   # delay=overlap: the apply, tau steps after the handover, reads the
   # workers' copy in the global's place: x <- x + (p - h), a <- p.
@@ -188,7 +220,7 @@ def test_compressed_downloads_are_refused_with_a_delay_and_on_pipelined_islands(
     config_base.validate(_config(download_compression="int8",
                                  delay="one_round"), 8)
   with pytest.raises(UserError, match="diloco.download_compression"):
-    config_base.validate(_config(download_compression="topk"), 8)
+    config_base.validate(_config(download_compression="lowrank"), 8)
   from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
   from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
   config = _config(download_compression="int4")

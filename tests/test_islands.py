@@ -205,21 +205,24 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
   assert 0 < sent < 4 * floats / 5, (sent, 4 * floats)
 
 
-# Delay none takes overlap's reads without the prefetch thread.
-@pytest.mark.parametrize("delay,tau", [
-    ("none", 0), ("overlap", 1)])
+# Delay none takes overlap's reads without the prefetch thread; it runs
+# top-k both ways (the sparse aggregate up), the >= 100x arm's codecs.
+@pytest.mark.parametrize("delay,tau,codec", [
+    ("overlap", 1, "int4"), ("none", 0, "topk")])
 def test_compressed_downloads_on_islands_equal_the_spmd_simulation(
-    tmp_path, monkeypatch, delay, tau):
+    tmp_path, monkeypatch, delay, tau, codec):
   # diloco.download_compression for real (islands/downloads.py): the
-  # executors publish each version's change for the workers' copy in int4;
+  # executors publish each version's change for the workers' copy (int4 or
+  # top-k);
   # a worker that holds its copy reads the change, one that does not (every
   # task as another worker's) reads the copy whole, as does a restarted
   # executor; all train from the same bits as the SPMD simulation's copy.
   # Under overlap (tau = 1 of H = 2): its apply and its prefetch read the
   # copies too.
-  settings = dict(delay=delay, overlap_steps=tau, compression="int4",
+  settings = dict(delay=delay, overlap_steps=tau, compression=codec,
                   error_feedback=True, compression_block_size=64,
-                  download_compression="int4")
+                  compression_topk_fraction=0.05, compression_topk_chunk=64,
+                  sparse_aggregate="senders", download_compression=codec)
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
   spmd = jax.device_get(exp.train().state["outer"]["params"])
   reads = []

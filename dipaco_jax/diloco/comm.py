@@ -43,10 +43,13 @@ class SlotComm:
 
   @property
   def download_spec(self) -> compress.CompressionSpec:
-    """The download codec's spec, with the slot's block size (a per_slot
-    `block_size` sets both directions')."""
+    """The download codec's spec, with the slot's block size and top-k
+    knobs (a per_slot `block_size`, `topk_fraction` or `topk_chunk` sets
+    both directions'). No error feedback: what it drops stays in g - p."""
     return compress.CompressionSpec(name=self.download,
-                                    block_size=self.spec.block_size)
+                                    block_size=self.spec.block_size,
+                                    topk_fraction=self.spec.topk_fraction,
+                                    topk_chunk=self.spec.topk_chunk)
 
   @property
   def delayed(self) -> bool:
