@@ -98,6 +98,19 @@
 #   combined_overlap_senders_down  sparseloco_senders (outer averaging)
 #                         with delay=overlap, tau = 5, and
 #                         download_compression=int4
+# The papers' regime, scaled down (2026-12-01; MODEL="--config.diloco.
+# inner_steps=15", STEPS=2250: 150 rounds of H = 15, the default 8.4M
+# model; NAMES="sparseloco_senders senders_topk_down
+# combined_overlap2_topk_both lowrank_shared20_int4_ef"; fixed before the
+# run from docs/communication.md's tables, not chosen):
+#   senders_topk_down     sparseloco_senders with each module's change read
+#                         back as top-k too (download_compression=topk, the
+#                         same 64/4096 and 2 bits; 136.5x fewer both ways)
+#   combined_overlap2_topk_both  the same with delay=overlap at tau = 2 of
+#                         H = 15 (the best delay, a tenth of a round rounded
+#                         up): the combined arm at >= 100x both ways
+#   lowrank_shared20_int4_ef  lowrank_shared_int4_ef at rank 20 (>= 100x
+#                         fewer bytes up at 8.4M; rank 24 was 98.4x)
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # The data and the dense base are built once (a 1-step run), then
@@ -156,6 +169,9 @@ declare -A ARMS=(
   [int4_ef_down_int4]="$d.compression=int4 $d.error_feedback=True $d.download_compression=int4"
   [int4_ef_down_e3m0]="$d.compression=int4 $d.error_feedback=True $d.download_compression=e3m0"
   [overlap_tau5_int4_ef_down_int4]="$d.delay=overlap $d.overlap_steps=5 $d.compression=int4 $d.error_feedback=True $d.download_compression=int4"
+  [senders_topk_down]="${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
+  [combined_overlap2_topk_both]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
+  [lowrank_shared20_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=20 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
 )
 # shellcheck disable=SC2086
