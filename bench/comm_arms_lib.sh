@@ -73,8 +73,16 @@ run() {  # name, then extra main.py flags
   echo "=== $name: $* ($(date -u +%H:%M:%S))" >> "$log"
   python3 -m dipaco_jax.main --workdir="$work/$name" "${common[@]}" "$@" \
     > "$arms/$name.log" 2>&1
-  cp "$work/$name/results.json" "$arms/$name.json" 2>/dev/null \
-    || echo "!!! $name wrote no results" >> "$log"
+  if cp "$work/$name/results.json" "$arms/$name.json" 2>/dev/null; then
+    # A scored arm is never resumed: its checkpoints go, or a 126M sweep
+    # fills the device's 64 GiB disk (14.2 GiB per DiLoCo x8 checkpoint,
+    # 2026-12-01). The base stays: `share` copies it to the next arms.
+    [[ -n "${KEEP_CHECKPOINTS:-}" ]] || find "$work/$name/runs" -mindepth 2 \
+      -maxdepth 2 -name checkpoints ! -path '*/runs/base/*' \
+      -exec rm -rf {} +
+  else
+    echo "!!! $name wrote no results" >> "$log"
+  fi
   for run_name in main dipaco; do  # DiLoCo's run, or DiPaCo's paths
     cp "$work/$name/runs/$run_name/logs/train/metrics.jsonl" \
       "$arms/$name.metrics.jsonl" 2>/dev/null && break

@@ -111,8 +111,13 @@
 #                         up): the combined arm at >= 100x both ways
 #   lowrank_shared20_int4_ef  lowrank_shared_int4_ef at rank 20 (>= 100x
 #                         fewer bytes up at 8.4M; rank 24 was 98.4x)
+# SparseLoCo over its senders at 126M (2026-12-01; the 126M MODEL below,
+# MAX_CHARS=400000000, NAMES="sparseloco_senders", BASELINE= : the arm
+# alone, against the DiLoCo x8 of 2026-11-28 on the same model and corpus
+# draw, as one call could not hold both).
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
-#        [NAMES="arm ..."] [MODEL="flags"] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
+#        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
+#        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
 # The data and the dense base are built once (a 1-step run), then
 # DiLoCo x8 and the named arms train from them, LANES at once.
 # Writes OUT_DIR/summary.md (python bench/comm_table.py on the arms; the
@@ -175,7 +180,7 @@ declare -A ARMS=(
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
 )
 # shellcheck disable=SC2086
-base=_stages run_lanes diloco_x8 ${NAMES:-sparseloco one_round_avg topkc_ef \
+base=_stages run_lanes ${BASELINE-diloco_x8} ${NAMES:-sparseloco one_round_avg topkc_ef \
   one_round_sparseloco one_round_m06 one_round_lr05}
 { python3 bench/comm_table.py "$arms"
   echo; echo "chosen on training loss: $(python3 bench/comm_table.py "$arms" --choose 2>&1)"

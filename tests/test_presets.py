@@ -85,6 +85,12 @@ def test_warnings_name_what_was_measured_to_do_badly():
   assert "sparse_aggregate=senders" in presets.warnings(topk)[0]
   assert "diverged at rank 1-2" in presets.warnings(
       _config(compression="lowrank", error_feedback=True))[0]
+  assert "+130%" in presets.warnings(
+      _config(compression="lowrank_shared", error_feedback=True))[0]
+  both = _config(compression="topk", error_feedback=True,
+                 download_compression="topk")
+  assert ["download_compression=int4" in w for w in presets.warnings(
+      both)] == [True]
   # A per-slot setting counts too.
   assert presets.warnings(_config(
       sparse_aggregate="mean", per_slot="level=compression:topk"))

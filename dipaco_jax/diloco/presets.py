@@ -21,9 +21,12 @@ What each sets, and why (the measurements: docs/communication.md):
   sparseloco  SparseLoCo: top 64 of every 4096 entries with 2-bit values,
               error feedback decayed by 0.95, outer averaging (SGD lr 1, no
               momentum: the feedback acts as momentum), each coordinate
-              averaged over its senders. +22.65% at 8.4M and +10.50% at 42M,
-              136.5x fewer bytes up (DiLoCo x8, one H200; +200% and +73%
-              with the mean), +0.06% on a CPU toy.
+              averaged over its senders. 136.5x fewer bytes up; DiLoCo x8 on
+              one H200: +4.47% at 42M and +7.14% at 8.4M with rounds of
+              H = 15 (100 and 150 rounds), +10.50% and +22.65% with H = 50
+              (30 rounds; +73% and +200% with the mean). Shorter rounds are
+              the lever: set H yourself (diloco.inner_steps), the preset
+              does not.
 """
 
 import sys
@@ -120,6 +123,16 @@ def warnings(config) -> list[str]:
                "Nesterov diverged at rank 1-2 and cost +300% at rank 20; "
                "use int4 (diloco.preset=dilocox) or topk "
                "(diloco.preset=sparseloco).")
+  if "lowrank_shared" in codecs:
+    out.append("compression lowrank_shared cost +130% at 118x fewer bytes "
+               "(8.4M, 150 rounds) and +214% over 30 rounds: a round's AdamW "
+               "change is close to full rank; use topk "
+               "(diloco.preset=sparseloco).")
+  if any(c.download == "topk" for c in comms):
+    out.append("download_compression topk cost +54% at 8.4M (150 rounds; "
+               "+7% reading back float32): the workers' copy trails the "
+               "global modules by most of each round's change; read back in "
+               "int4 (diloco.download_compression=int4, 7.8x).")
   return out
 
 
