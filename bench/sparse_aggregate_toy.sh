@@ -6,7 +6,13 @@
 # workers that sent each coordinate (senders). The data and the dense base
 # are made once, by the first arm, and copied into the others' workdirs (a
 # workdir refuses a run of other settings).
+# Top-k downloads (2026-12-01, after the GPU's +53.68% at 8.4M; densities
+# fixed before the run: the upload's, 4x and 8x it, 8 workers' top-k
+# covering up to 8x one worker's entries; and int4 for comparison), each
+# senders arm reading back each module's change compressed:
+#   NAMES="topk_senders down_topk down_topk4x down_topk8x down_int4"
 #   bash bench/sparse_aggregate_toy.sh OUT
+#   bash bench/sparse_aggregate_toy.sh OUT     (the three arms of 2026-11-29)
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 common=(--config=experiments/quickstart.py:small --config.paths.shape=1x1 --config.paths.num_replicas=8
@@ -32,6 +38,18 @@ run() {  # NAME FLAGS...
   echo "$name exit $?"
   sed -n '/^Validation/,+5p' "$out/$name.log" | tail -2
 }
+senders=("${topk[@]}" --config.diloco.sparse_aggregate=senders)
+down=(--config.diloco.download_compression=topk)
+declare -A ARMS=(
+  [topk_mean]="${topk[*]} --config.diloco.sparse_aggregate=mean"
+  [topk_senders]="${senders[*]}"
+  [down_topk]="${senders[*]} ${down[*]}"
+  [down_topk4x]="${senders[*]} ${down[*]} --config.diloco.download_topk_fraction=0.0625"
+  [down_topk8x]="${senders[*]} ${down[*]} --config.diloco.download_topk_fraction=0.125"
+  [down_int4]="${senders[*]} --config.diloco.download_compression=int4"
+)
 run diloco_x8
-run topk_mean "${topk[@]}" --config.diloco.sparse_aggregate=mean
-run topk_senders "${topk[@]}" --config.diloco.sparse_aggregate=senders
+for name in ${NAMES:-topk_mean topk_senders}; do
+  # shellcheck disable=SC2086
+  run "$name" ${ARMS[$name]}
+done

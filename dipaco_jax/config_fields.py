@@ -136,6 +136,8 @@ _RANGES = (
            high_open=False, why="the share of the delta's energy kept"),
     _Range("diloco.compression_topk_fraction", _F, 0, 1, low_open=True,
            high_open=False, why="the share of entries sent"),
+    _Range("diloco.download_topk_fraction", _F, 0, 1, high_open=False,
+           why="the share of entries read back; 0 = the upload's"),
     _Range("diloco.compression_topk_chunk", _I, 0,
            why="entries per top-k chunk; 0 = one top-k per leaf"),
     _Range("diloco.error_feedback_decay", _F, 0, 1, low_open=True,

@@ -106,6 +106,39 @@ def test_topk_downloads_by_hand():
     x = inner["params"]["s"]["w"]  # Then nobody moves: c = 0.
 
 
+def test_topk_downloads_read_their_own_share():
+  # diloco.download_topk_fraction: 2 of every 4 entries read back (the
+  # upload keeps its 1), so the copy takes each chunk's two largest.
+  config = _config(compression="topk", compression_topk_fraction=0.25,
+                   compression_topk_chunk=4, download_compression="topk",
+                   download_topk_fraction=0.5)
+  slots = testing.tiny_runtime(config).topology.slots
+  comm = comm_lib.comm_by_slot(config, slots)[slots[0].name]
+  assert (comm.spec.topk_fraction, comm.download_spec.topk_fraction,
+          comm.download_spec.topk_chunk) == (0.25, 0.5, 4)
+  comms = {"s": comm_lib.SlotComm(spec=comm.spec, download="topk",
+                                  download_topk_fraction=0.5)}
+  bank = {"s": {"w": jnp.zeros((1, 8))}}
+  inner_extra, outer_extra = comm_step.init_extra(
+      comms, {"s": {"w": jnp.zeros((2, 8))}}, bank, TX)
+  outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
+           **outer_extra}
+  # Each worker moves one entry per chunk, sent exactly (k = 1), each by
+  # one sender: g = [0.5, 0.2, 0, 0, 0, -0.3, 0, 0.4].
+  x = jnp.array([[0.5, 0, 0, 0, 0, -0.3, 0, 0], [0, 0.2, 0, 0, 0, 0, 0, 0.4]])
+  g = [[0.5, 0.2, 0, 0, 0, -0.3, 0, 0.4]]
+  outer, _ = _outer_step(comms, outer, dict(inner_extra), x)
+  np.testing.assert_allclose(outer["params"]["s"]["w"], g, atol=1e-6)
+  # The change g - p = g read back 2 per chunk (each half of the kept two
+  # at its own magnitude): the copy is g. At the upload's 1 per chunk it
+  # would have been [0.5, 0, 0, 0, 0, 0, 0, 0.4].
+  np.testing.assert_allclose(outer["published"]["s"]["w"], g, atol=1e-6)
+  with pytest.raises(UserError, match=r"diloco.download_topk_fraction: 0.5 "
+                     r"is used only with diloco.download_compression=topk"):
+    config_base.validate(_config(download_compression="int4",
+                                 download_topk_fraction=0.5), 8)
+
+
 def test_int4_downloads_with_overlap_by_hand():
   # delay=overlap: the apply, tau steps after the handover, reads the
   # workers' copy in the global's place: x <- x + (p - h), a <- p.

@@ -34,6 +34,9 @@ class SlotComm:
   # of each module's change since the workers' copy; "none" = the new
   # version itself.
   download: str = "none"
+  # The top-k download's share of entries (`diloco.download_topk_fraction`);
+  # 0 = the upload's.
+  download_topk_fraction: float = 0.0
 
   @property
   def plain(self) -> bool:
@@ -44,12 +47,13 @@ class SlotComm:
   @property
   def download_spec(self) -> compress.CompressionSpec:
     """The download codec's spec, with the slot's block size and top-k
-    knobs (a per_slot `block_size`, `topk_fraction` or `topk_chunk` sets
-    both directions'). No error feedback: what it drops stays in g - p."""
-    return compress.CompressionSpec(name=self.download,
-                                    block_size=self.spec.block_size,
-                                    topk_fraction=self.spec.topk_fraction,
-                                    topk_chunk=self.spec.topk_chunk)
+    chunk (a per_slot `block_size` or `topk_chunk` sets both directions'),
+    and its own top-k share, else the upload's. No error feedback: what it
+    drops stays in g - p."""
+    return compress.CompressionSpec(
+        name=self.download, block_size=self.spec.block_size,
+        topk_fraction=self.download_topk_fraction or self.spec.topk_fraction,
+        topk_chunk=self.spec.topk_chunk)
 
   @property
   def delayed(self) -> bool:
@@ -77,7 +81,8 @@ def _parse_value(field: str, raw: str):
 def _default(config) -> SlotComm:
   d = config.diloco
   return SlotComm(d.delay, compress.spec_from_config(d),
-                  getattr(d, "download_compression", "none"))
+                  getattr(d, "download_compression", "none"),
+                  float(getattr(d, "download_topk_fraction", 0.0)))
 
 
 def _override(base: SlotComm, text: str, selector: str) -> SlotComm:
@@ -109,7 +114,7 @@ def _override(base: SlotComm, text: str, selector: str) -> SlotComm:
                     f"{spec['name']!r} is not one of "
                     f"{', '.join(compress.NAMES)}.")
   return SlotComm(delay, dataclasses.replace(base.spec, **spec),
-                  base.download)
+                  base.download, base.download_topk_fraction)
 
 
 def comm_by_slot(config, slots) -> dict[str, SlotComm]:
@@ -174,6 +179,10 @@ def check_config(config) -> None:
   slots = paths_lib.topology_from_config(config).slots
   comms = comm_by_slot(config, slots)
   _check_overlap(config, {c.delay for c in comms.values()})
+  if d.download_topk_fraction and d.download_compression != "topk":
+    config_fields.fail(
+        "diloco.download_topk_fraction", f"{d.download_topk_fraction:g} is "
+        "used only with diloco.download_compression=topk; leave it 0.")
   if d.download_compression != "none" and any(
       c.delay not in ("none", "overlap") for c in comms.values()):
     config_fields.fail(

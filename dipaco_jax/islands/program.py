@@ -47,6 +47,7 @@ class GroupProgram:
     config.diloco.error_feedback = False
     config.diloco.per_slot = ""
     config.diloco.download_compression = "none"  # islands/downloads.py's.
+    config.diloco.download_topk_fraction = 0.0
     slots = tuple(dataclasses.replace(s, num_experts=group_size)
                   for s in full.slots)
     topology = dataclasses.replace(

@@ -94,7 +94,7 @@ def _drop_unused_stage_axis(keep: dict, config) -> None:
 
 _SPEED_FIELDS = ("loss_chunk", "fp8")
 _COMM_FIELDS = ("delay", "compression", "error_feedback",
-                "download_compression",
+                "download_compression", "download_topk_fraction",
                 "compression_block_size", "compression_rank_min",
                 "compression_rank_max", "compression_energy",
                 "compression_factor_bits",
