@@ -87,10 +87,15 @@ def test_warnings_name_what_was_measured_to_do_badly():
       _config(compression="lowrank", error_feedback=True))[0]
   assert "+130%" in presets.warnings(
       _config(compression="lowrank_shared", error_feedback=True))[0]
+  # Top-k downloads thinner than a module's users' top-k together: the
+  # tiny DiPaCo 2x2's shared module has 4 users.
   both = _config(compression="topk", error_feedback=True,
+                 compression_topk_fraction=0.01,
                  download_compression="topk")
-  assert ["download_compression=int4" in w for w in presets.warnings(
+  assert ["download_topk_fraction=0.04" in w for w in presets.warnings(
       both)] == [True]
+  both.diloco.download_topk_fraction = 0.04
+  assert presets.warnings(both) == []
   # A per-slot setting counts too.
   assert presets.warnings(_config(
       sparse_aggregate="mean", per_slot="level=compression:topk"))

@@ -31,6 +31,8 @@ What each sets, and why (the measurements: docs/communication.md):
 
 import sys
 
+import numpy as np
+
 from dipaco_jax import config_fields
 
 # Field -> value, or a function of config.diloco for values that follow H.
@@ -128,11 +130,22 @@ def warnings(config) -> list[str]:
                "(8.4M, 150 rounds) and +214% over 30 rounds: a round's AdamW "
                "change is close to full rank; use topk "
                "(diloco.preset=sparseloco).")
-  if any(c.download == "topk" for c in comms):
-    out.append("download_compression topk cost +54% at 8.4M (150 rounds; "
-               "+7% reading back float32): the workers' copy trails the "
-               "global modules by most of each round's change; read back in "
-               "int4 (diloco.download_compression=int4, 7.8x).")
+  topk_down = [c for c in comms if c.download == "topk"]
+  if topk_down:
+    # A module's change after the outer step covers up to its users' top-k
+    # entries together: a download thinner than that trails far behind.
+    topology = paths_lib.topology_from_config(config)
+    users = max(int(np.bincount(topology.assignment_WxS[:, s]).max())
+                for s in range(topology.assignment_WxS.shape[1]))
+    thin = [c for c in topk_down if c.download_spec.topk_fraction
+            < min(1.0, users * c.spec.topk_fraction) - 1e-12]
+    if thin:
+      want = min(1.0, users * thin[0].spec.topk_fraction)
+      out.append(
+          f"download_compression topk below {users} users x the upload's "
+          "share cost +54% (8.4M GPU) and +1080% (CPU toy) at the upload's "
+          "share; at 8 x it the toy matched float32 (30x fewer bytes both "
+          f"ways): set diloco.download_topk_fraction={want:g}.")
   return out
 
 
