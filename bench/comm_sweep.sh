@@ -111,6 +111,11 @@
 #                         up): the combined arm at >= 100x both ways
 #   lowrank_shared20_int4_ef  lowrank_shared_int4_ef at rank 20 (>= 100x
 #                         fewer bytes up at 8.4M; rank 24 was 98.4x)
+# Built after the CPU toy of 2026-12-01 (top-k read back at 8x the upload's
+# density matched float32 there), not yet run on a GPU:
+#   senders_topk8x_down   senders_topk_down with download_topk_fraction =
+#                         8 x 64/4096 (the 8 workers' top-k together; 30x
+#                         fewer bytes both ways)
 # SparseLoCo over its senders at 126M (2026-12-01; the 126M MODEL below,
 # MAX_CHARS=400000000, NAMES="sparseloco_senders", BASELINE= : the arm
 # alone, against the DiLoCo x8 of 2026-11-28 on the same model and corpus
@@ -175,6 +180,7 @@ declare -A ARMS=(
   [int4_ef_down_e3m0]="$d.compression=int4 $d.error_feedback=True $d.download_compression=e3m0"
   [overlap_tau5_int4_ef_down_int4]="$d.delay=overlap $d.overlap_steps=5 $d.compression=int4 $d.error_feedback=True $d.download_compression=int4"
   [senders_topk_down]="${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
+  [senders_topk8x_down]="${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk $d.download_topk_fraction=0.125"
   [combined_overlap2_topk_both]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
   [lowrank_shared20_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=20 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
