@@ -212,17 +212,18 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
 def test_compressed_downloads_on_islands_equal_the_spmd_simulation(
     tmp_path, monkeypatch, delay, tau, codec):
   # diloco.download_compression for real (islands/downloads.py): the
-  # executors publish each version's change for the workers' copy (int4 or
-  # top-k);
-  # a worker that holds its copy reads the change, one that does not (every
-  # task as another worker's) reads the copy whole, as does a restarted
-  # executor; all train from the same bits as the SPMD simulation's copy.
+  # executors publish each version's change for the workers' copy (int4,
+  # or top-k at its own download_topk_fraction); a worker that holds its
+  # copy reads the change, one that does not (every task as another
+  # worker's) reads the copy whole, as does a restarted executor; all
+  # train from the same bits as the SPMD simulation's copy.
   # Under overlap (tau = 1 of H = 2): its apply and its prefetch read the
   # copies too.
   settings = dict(delay=delay, overlap_steps=tau, compression=codec,
                   error_feedback=True, compression_block_size=64,
                   compression_topk_fraction=0.05, compression_topk_chunk=64,
-                  sparse_aggregate="senders", download_compression=codec)
+                  sparse_aggregate="senders", download_compression=codec,
+                  download_topk_fraction=0.1 if codec == "topk" else 0.0)
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
   spmd = jax.device_get(exp.train().state["outer"]["params"])
   reads = []
