@@ -13,9 +13,20 @@
 #   NAMES="topk_senders down_topk down_topk4x down_topk8x down_int4"
 #   bash bench/sparse_aggregate_toy.sh OUT
 #   bash bench/sparse_aggregate_toy.sh OUT     (the three arms of 2026-11-29)
+# DiPaCo 2x2 instead of DiLoCo x8 (SHAPE=2x2; its first arm, float32 with
+# the same outer averaging, is dipaco_2x2), 2026-12-01: the combined arm
+# (combined_topk4x: senders up, overlap at tau = 1 of H = 10, top-k down at
+# 4x the upload's share, as the shared module has 4 users) and plain
+# DiPaCo with its default outer Nesterov 0.7 / 0.9 (plain_nesterov):
+#   SHAPE=2x2 NAMES="plain_nesterov combined_topk4x" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
-common=(--config=experiments/quickstart.py:small --config.paths.shape=1x1 --config.paths.num_replicas=8
+if [[ ${SHAPE:-1x1} == 2x2 ]]; then
+  base=dipaco_2x2; shape=(--config.paths.shape=2x2 --config.paths.num_replicas=1)
+else
+  base=diloco_x8; shape=(--config.paths.shape=1x1 --config.paths.num_replicas=8)
+fi
+common=(--config=experiments/quickstart.py:small "${shape[@]}"
         --config.diloco.inner_steps=10 --config.diloco.outer_optimizer=sgd
         --config.diloco.outer_lr=1.0 --config.diloco.outer_momentum=0.0
         --config.eval.reroute_every=0 --config.eval.learned_reroute=False)
@@ -25,13 +36,13 @@ topk=(--config.diloco.compression=topk --config.diloco.error_feedback=True
       --config.diloco.compression_topk_chunk=4096)
 run() {  # NAME FLAGS...
   local name=$1; shift
-  if [[ $name != diloco_x8 ]]; then
+  if [[ $name != "$base" ]]; then
     rm -rf "${w}_$name"; mkdir -p "${w}_$name/runs"
-    cp -r "$w/diloco_x8/data" "${w}_$name/"
-    cp -r "$w/diloco_x8/runs/base" "${w}_$name/runs/"
+    cp -r "$w/$base/data" "${w}_$name/"
+    cp -r "$w/$base/runs/base" "${w}_$name/runs/"
     dir=${w}_$name
   else
-    rm -rf "$w"; mkdir -p "$w"; dir=$w/diloco_x8
+    rm -rf "$w"; mkdir -p "$w"; dir=$w/$base
   fi
   python3 -m dipaco_jax.main "${common[@]}" --workdir="$dir" "$@" \
     > "$out/$name.log" 2>&1
@@ -47,8 +58,10 @@ declare -A ARMS=(
   [down_topk4x]="${senders[*]} ${down[*]} --config.diloco.download_topk_fraction=0.0625"
   [down_topk8x]="${senders[*]} ${down[*]} --config.diloco.download_topk_fraction=0.125"
   [down_int4]="${senders[*]} --config.diloco.download_compression=int4"
+  [plain_nesterov]="--config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.7 --config.diloco.outer_momentum=0.9"
+  [combined_topk4x]="${senders[*]} --config.diloco.delay=overlap --config.diloco.overlap_steps=1 ${down[*]} --config.diloco.download_topk_fraction=0.0625"
 )
-run diloco_x8
+run "$base"
 for name in ${NAMES:-topk_mean topk_senders}; do
   # shellcheck disable=SC2086
   run "$name" ${ARMS[$name]}
