@@ -34,15 +34,20 @@ def _outer_step(comms, outer, inner, x_W):
       weights_W=jnp.ones(2), rescale_by_sqrt_users=False)
 
 
+def _start(comms, num_workers, num_values):
+  """(outer, inner) of one slot "s" with one module of `num_values` zeros
+  and `num_workers` users, before the first round."""
+  bank = {"s": {"w": jnp.zeros((1, num_values))}}
+  inner_extra, outer_extra = comm_step.init_extra(
+      comms, {"s": {"w": jnp.zeros((num_workers, num_values))}}, bank, TX)
+  return ({"params": bank, "opt_state": {"s": TX.init(bank["s"])},
+           **outer_extra}, dict(inner_extra))
+
+
 def test_int4_downloads_by_hand():
   # One slot, one module of 4 values (one int4 block), two workers.
   comms = {"s": comm_lib.SlotComm(download="int4")}
-  bank = {"s": {"w": jnp.zeros((1, 4))}}
-  inner_extra, outer_extra = comm_step.init_extra(
-      comms, {"s": {"w": jnp.zeros((2, 4))}}, bank, TX)
-  outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
-           **outer_extra}
-  inner = dict(inner_extra)
+  outer, inner = _start(comms, 2, 4)
   # Round 0: both workers end at x, so g = x = [0.7, 0.1, -0.33, 0.2]. Its
   # change from p = 0 in int4: scale 0.7 / 7 = 0.1, codes [7, 1, -3, 2],
   # so p = [0.7, 0.1, -0.3, 0.2]: -0.03 stays in g - p.
@@ -81,12 +86,7 @@ def test_topk_downloads_by_hand():
   # reaches g within 4 rounds of nobody moving.
   spec = compress.CompressionSpec(topk_fraction=0.25, topk_chunk=4)
   comms = {"s": comm_lib.SlotComm(spec=spec, download="topk")}
-  bank = {"s": {"w": jnp.zeros((1, 8))}}
-  inner_extra, outer_extra = comm_step.init_extra(
-      comms, {"s": {"w": jnp.zeros((2, 8))}}, bank, TX)
-  outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
-           **outer_extra}
-  inner = dict(inner_extra)
+  outer, inner = _start(comms, 2, 8)
   g = [0.5, 0.1, -0.2, 0.05, 0.0, -0.3, 0.1, 0.2]
   copies = [[0.5, 0, 0, 0, 0, -0.3, 0, 0],           # the largest per chunk
             [0.5, 0, -0.2, 0, 0, -0.3, 0, 0.2],       # then the next ...
@@ -118,16 +118,12 @@ def test_topk_downloads_read_their_own_share():
           comm.download_spec.topk_chunk) == (0.25, 0.5, 4)
   comms = {"s": comm_lib.SlotComm(spec=comm.spec, download="topk",
                                   download_topk_fraction=0.5)}
-  bank = {"s": {"w": jnp.zeros((1, 8))}}
-  inner_extra, outer_extra = comm_step.init_extra(
-      comms, {"s": {"w": jnp.zeros((2, 8))}}, bank, TX)
-  outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
-           **outer_extra}
+  outer, inner = _start(comms, 2, 8)
   # Each worker moves one entry per chunk, sent exactly (k = 1), each by
   # one sender: g = [0.5, 0.2, 0, 0, 0, -0.3, 0, 0.4].
   x = jnp.array([[0.5, 0, 0, 0, 0, -0.3, 0, 0], [0, 0.2, 0, 0, 0, 0, 0, 0.4]])
   g = [[0.5, 0.2, 0, 0, 0, -0.3, 0, 0.4]]
-  outer, _ = _outer_step(comms, outer, dict(inner_extra), x)
+  outer, _ = _outer_step(comms, outer, inner, x)
   np.testing.assert_allclose(outer["params"]["s"]["w"], g, atol=1e-6)
   # The change g - p = g read back 2 per chunk (each half of the kept two
   # at its own magnitude): the copy is g. At the upload's 1 per chunk it
@@ -143,12 +139,8 @@ def test_int4_downloads_with_overlap_by_hand():
   # delay=overlap: the apply, tau steps after the handover, reads the
   # workers' copy in the global's place: x <- x + (p - h), a <- p.
   comms = {"s": comm_lib.SlotComm("overlap", download="int4")}
-  bank = {"s": {"w": jnp.zeros((1, 4))}}
-  inner_extra, outer_extra = comm_step.init_extra(
-      comms, {"s": {"w": jnp.zeros((2, 4))}}, bank, TX)
-  outer = {"params": bank, "opt_state": {"s": TX.init(bank["s"])},
-           **outer_extra}
-  inner = dict(inner_extra, params={"s": {"w": jnp.zeros((2, 4))}})
+  outer, inner = _start(comms, 2, 4)
+  inner = dict(inner, params={"s": {"w": jnp.zeros((2, 4))}})
   kw = dict(assignment_WxS=np.zeros((2, 1), np.int32), slot_names=("s",))
 
   def move(inner, by):

@@ -56,12 +56,18 @@ def _run_two_processes(tmp_path, *extra, alongside=()):
     logs.append((tmp_path / "alongside.out", tmp_path / "alongside.err"))
     commands.append(list(alongside))
   procs = []
-  for command, (out, err) in zip(commands, logs):  # files, not pipes: none
-    with out.open("w") as out_f, err.open("w") as err_f:  # can block
-      procs.append(subprocess.Popen(
-          command, stdout=out_f, stderr=err_f, text=True, cwd=_CWD,
-          env=_ENV))
-  codes = [p.wait(timeout=900) for p in procs]
+  try:
+    for command, (out, err) in zip(commands, logs):  # files, not pipes:
+      with out.open("w") as out_f, err.open("w") as err_f:  # none can block
+        procs.append(subprocess.Popen(
+            command, stdout=out_f, stderr=err_f, text=True, cwd=_CWD,
+            env=_ENV))
+    codes = [p.wait(timeout=900) for p in procs]
+  finally:  # A wait that timed out (or a failed start) leaves none running.
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait(timeout=30)
   return codes, [o.read_text() for o, _ in logs], [
       e.read_text() for _, e in logs]
 

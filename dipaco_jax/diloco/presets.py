@@ -31,6 +31,7 @@ What each sets, and why (the measurements: docs/communication.md):
 
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 
 from dipaco_jax import config_fields
@@ -91,6 +92,7 @@ def warnings(config) -> list[str]:
   """One line per setting measured to do badly, with the fix."""
   from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
   from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.diloco import outer as outer_lib  # pylint: disable=g-import-not-at-top
   d = config.diloco
   if d.inner_steps < 1:
     return []
@@ -135,17 +137,19 @@ def warnings(config) -> list[str]:
     # A module's change after the outer step covers up to its users' top-k
     # entries together: a download thinner than that trails far behind.
     topology = paths_lib.topology_from_config(config)
-    users = max(int(np.bincount(topology.assignment_WxS[:, s]).max())
-                for s in range(topology.assignment_WxS.shape[1]))
+    users = int(max(float(jnp.max(u)) for u in outer_lib.users_per_module(
+        topology.assignment_WxS, np.ones(topology.num_workers),
+        [slot.num_experts for slot in topology.slots])))
     thin = [c for c in topk_down if c.download_spec.topk_fraction
             < min(1.0, users * c.spec.topk_fraction) - 1e-12]
     if thin:
       want = min(1.0, users * thin[0].spec.topk_fraction)
       out.append(
-          f"download_compression topk below {users} users x the upload's "
-          "share cost +54% (8.4M GPU) and +1080% (CPU toy) at the upload's "
-          "share; at 8 x it the toy matched float32 (30x fewer bytes both "
-          f"ways): set diloco.download_topk_fraction={want:g}.")
+          f"download_compression topk thinner than its {users} users' "
+          "top-k together cost +54% (8.4M GPU) and +1080% (CPU toy) at the "
+          "upload's share; at the users' share the toy matched float32 (30x "
+          f"fewer bytes both ways): set diloco.download_topk_fraction="
+          f"{want:g}.")
   return out
 
 
