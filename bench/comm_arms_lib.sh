@@ -120,12 +120,17 @@ stages_of() {
   echo _stages
 }
 build_stages() {  # the data and the dense base, once, into $work/_stages
-  [[ -e "$work/_stages/runs/base" ]] && return
+  # Built only when the 1-step run succeeded: a failed one leaves a base
+  # half written, which each arm would then rebuild on its own (2026-12-01).
+  [[ -e "$work/_stages/.built" ]] && return
   echo "=== stages: data and base ($(date -u +%H:%M:%S))" >> "$log"
-  on_gpu 0 python3 -m dipaco_jax.main --workdir="$work/_stages" \
-    "${common[@]}" --config.train.num_steps=1 \
-    --config.diloco.inner_steps=1 > "$work/_stages.log" 2>&1 \
-    || echo "!!! stages failed: $work/_stages.log" >> "$log"
+  if on_gpu 0 python3 -m dipaco_jax.main --workdir="$work/_stages" \
+      "${common[@]}" --config.train.num_steps=1 \
+      --config.diloco.inner_steps=1 > "$work/_stages.log" 2>&1; then
+    touch "$work/_stages/.built"
+  else
+    echo "!!! stages failed: $work/_stages.log" >> "$log"
+  fi
   echo "=== stages done ($(date -u +%H:%M:%S))" >> "$log"
 }
 on_gpu() {  # lane index, then a command: the command on that lane's GPU

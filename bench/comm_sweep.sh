@@ -116,6 +116,8 @@
 #   senders_topk8x_down   senders_topk_down with download_topk_fraction =
 #                         8 x 64/4096 (the 8 workers' top-k together; 30x
 #                         fewer bytes both ways)
+#   combined_overlap2_topk8x_both  combined_overlap2_topk_both with the
+#                         download at that 8x share
 # SparseLoCo over its senders at 126M (2026-12-01; the 126M MODEL below,
 # MAX_CHARS=400000000, NAMES="sparseloco_senders", BASELINE= : the arm
 # alone, against the DiLoCo x8 of 2026-11-28 on the same model and corpus
@@ -182,6 +184,7 @@ declare -A ARMS=(
   [senders_topk_down]="${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
   [senders_topk8x_down]="${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk $d.download_topk_fraction=0.125"
   [combined_overlap2_topk_both]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
+  [combined_overlap2_topk8x_both]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk $d.download_topk_fraction=0.125"
   [lowrank_shared20_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=20 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
 )

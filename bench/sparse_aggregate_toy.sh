@@ -59,6 +59,11 @@ declare -A ARMS=(
   [down_topk8x]="${senders[*]} ${down[*]} --config.diloco.download_topk_fraction=0.125"
   [down_int4]="${senders[*]} --config.diloco.download_compression=int4"
   [plain_nesterov]="--config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.7 --config.diloco.outer_momentum=0.9"
+  [topk2x_senders]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125"
+  [senders_nesterov]="${senders[*]} --config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.7 --config.diloco.outer_momentum=0.9"
+  [topk2x_nesterov_noef]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.error_feedback=False --config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.7 --config.diloco.outer_momentum=0.9"
+  [topk2x_nesterov_lr035]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.9"
+  [combined_topk2x]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.delay=overlap --config.diloco.overlap_steps=1 ${down[*]} --config.diloco.download_topk_fraction=0.125"
   [combined_topk4x]="${senders[*]} --config.diloco.delay=overlap --config.diloco.overlap_steps=1 ${down[*]} --config.diloco.download_topk_fraction=0.0625"
 )
 run "$base"

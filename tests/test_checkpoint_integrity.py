@@ -241,3 +241,25 @@ def test_sync_saves_are_verified_too(tmp_path):
                   _host_leaves({k: restored[k] for k in ("inner", "outer")}),
                   strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+def test_a_relative_checkpoint_directory_saves_and_resumes(tmp_path,
+                                                          monkeypatch):
+  # orbax refuses a relative path mid-save ("Checkpoint path should be
+  # absolute"); `--workdir=runs/x` must work as an absolute one does.
+  monkeypatch.chdir(tmp_path)
+  config = _config()
+  runtime = testing.tiny_runtime(config)
+  state = runtime.init_state(jax.random.key(0))
+  ckpt = ckpt_lib.Checkpointer("runs/x/checkpoints", 1, 2)
+  ckpt.save(1, state, {"hashes": HASHES})
+  ckpt.close()
+  assert (tmp_path / "runs/x/checkpoints/checksums/1.json").is_file()
+  ckpt = ckpt_lib.Checkpointer("runs/x/checkpoints", 1, 2)
+  restored, _, step = ckpt.restore_latest(runtime.abstract_state, HASHES)
+  ckpt.close()
+  assert step == 1
+  for a, b in zip(_host_leaves({k: state[k] for k in ("inner", "outer")}),
+                  _host_leaves({k: restored[k] for k in ("inner", "outer")}),
+                  strict=True):
+    np.testing.assert_array_equal(a, b)

@@ -85,6 +85,19 @@ def test_module_round_trip_to_host_and_device(tmp_path):
   assert items.latest_version(tmp_path, "layers_00_01", 0) is None
 
 
+def test_a_relative_store_directory_saves_and_loads(tmp_path, monkeypatch):
+  # The store makes local paths absolute before orbax sees them: orbax's
+  # CheckpointManager refuses a relative one mid-save (a bench's
+  # --workdir=runs/x failed at its first checkpoint, 2026-12-01).
+  monkeypatch.chdir(tmp_path)
+  tree = {"a": np.arange(6.0).reshape(2, 3)}
+  assert items.save_tree("relative/t", tree, {"round": 1})
+  loaded, meta = items.load_tree("relative/t", _abstract(tree))
+  _assert_equal(loaded, tree)
+  assert meta == {"round": 1}
+  assert (tmp_path / "relative" / "t").is_dir()
+
+
 def test_load_with_wrong_target_names_the_leaf(tmp_path):
   items.save_tree(tmp_path / "t", {"a": np.zeros((2, 3)), "b": np.ones(4)})
   with pytest.raises(ValueError, match=r"\['a'\]: saved shape \[2, 3\]"):

@@ -22,11 +22,16 @@ What each sets, and why (the measurements: docs/communication.md):
               error feedback decayed by 0.95, outer averaging (SGD lr 1, no
               momentum: the feedback acts as momentum), each coordinate
               averaged over its senders. 136.5x fewer bytes up; DiLoCo x8 on
-              one H200: +4.47% at 42M and +7.14% at 8.4M with rounds of
-              H = 15 (100 and 150 rounds), +10.50% and +22.65% with H = 50
-              (30 rounds; +73% and +200% with the mean). Shorter rounds are
-              the lever: set H yourself (diloco.inner_steps), the preset
-              does not.
+              one H200 with rounds of H = 15: +2.67% at 126M, +4.47% at 42M
+              (100 rounds), +7.14% at 8.4M (150 rounds); +10.50% and
+              +22.65% at 42M and 8.4M with H = 50 (30 rounds; +73% and
+              +200% with the mean). Shorter rounds are the lever: set H
+              yourself (diloco.inner_steps), the preset does not. Nor does
+              it compress downloads (a preset that changed its fields would
+              change the hash of runs made with it, which would then refuse
+              to resume): download_compression=topk with
+              download_topk_fraction = the users x 64/4096 (0.125 for 8)
+              cost nothing more at 8.4M, for 32x fewer bytes both ways.
 """
 
 import sys

@@ -47,6 +47,7 @@ from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
 from dipaco_jax.parallel import multihost
 from dipaco_jax.stages import run_configs
+from dipaco_jax.store import atomic
 from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import metrics as metrics_lib
 from dipaco_jax.train import loop
@@ -94,7 +95,7 @@ def checkpoint_hashes(run_dir) -> dict | None:
   if not has_checkpoints(run_dir):
     return None
   manager = ocp.CheckpointManager(
-      epath.Path(run_dir) / "checkpoints",
+      atomic.absolute(run_dir) / "checkpoints",
       options=ocp.CheckpointManagerOptions(create=False),
       item_names=("meta",))
   try:

@@ -38,6 +38,15 @@ from dipaco_jax.store import link
 COMMIT_MARKER = "COMMITTED.json"
 
 
+def absolute(path) -> epath.Path:
+  """`path` as an epath, a local one made absolute: orbax refuses a
+  relative directory only once a save is under way ("Checkpoint path should
+  be absolute"), so `--workdir=runs/x` failed at the first checkpoint. A
+  remote path (gs://) is unchanged."""
+  path = epath.Path(path)
+  return path if "://" in str(path) else epath.Path(os.path.abspath(path))
+
+
 _durability = {"fsync": False}
 
 

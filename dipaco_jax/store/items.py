@@ -156,7 +156,7 @@ def save_tree(directory, tree, meta: dict | None = None, *,
   Returns:
     True if written, False if `directory` was already committed (unchanged).
   """
-  directory = epath.Path(directory)
+  directory = atomic.absolute(directory)
   if atomic.is_committed(directory):
     logging.info("%s is already committed; not saving it again.", directory)
     return False
@@ -234,7 +234,7 @@ def load_tree(directory, like):
     NotCommittedError: `directory` is not committed.
     integrity.DamagedKeyError: its bytes are not what was committed.
   """
-  directory = epath.Path(directory)
+  directory = atomic.absolute(directory)
   marker = _marker(directory)
   _check_like(directory, like, marker["leaves"])
   saved = marker.get("dtypes", {}) if marker.get("digests") else {}
@@ -256,7 +256,7 @@ def load_saved(directory):
   arrays of the writer's shapes and dtypes, as `(tree, meta)`. For trees a
   reader cannot shape in advance (compressed payloads, whose low rank
   varies by round). Verified as `load_tree`."""
-  directory = epath.Path(directory)
+  directory = atomic.absolute(directory)
   marker = _marker(directory)
   with link.transfer(marker.get("bytes", 0), "get"):
     tree = _restore(directory, None)

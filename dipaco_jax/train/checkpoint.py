@@ -78,7 +78,7 @@ class Checkpointer:
 
   def __init__(self, directory: str, every: int, keep: int,
                async_save: bool = True):
-    self.directory = epath.Path(directory)
+    self.directory = atomic.absolute(directory)
     self.every = every
     self._async = async_save
     # (step, future of its digests) of the save orbax is finishing; read by
