@@ -19,6 +19,16 @@
 # 4x the upload's share, as the shared module has 4 users) and plain
 # DiPaCo with its default outer Nesterov 0.7 / 0.9 (plain_nesterov):
 #   SHAPE=2x2 NAMES="plain_nesterov combined_topk4x" bash bench/sparse_aggregate_toy.sh OUT
+# Then (2026-12-01, fixed before each run, after top-k up alone cost
+# DiPaCo +15.4% there): the upload at 2x the share (128/4096, the top of
+# SparseLoCo's 1.5-3%), and top-k under DiPaCo's outer Nesterov 0.7 / 0.9
+# instead of averaging: with the decayed feedback (senders_nesterov, at
+# 64/4096), without it (topk2x_nesterov_noef) and at half the outer lr
+# (topk2x_nesterov_lr035); combined_topk2x is combined_topk4x's arm with
+# the upload at 2x and the download at 4x that (0.125):
+#   SHAPE=2x2 NAMES="topk2x_senders senders_nesterov" bash bench/sparse_aggregate_toy.sh OUT
+#   SHAPE=2x2 NAMES="combined_topk2x" bash bench/sparse_aggregate_toy.sh OUT
+#   SHAPE=2x2 NAMES="topk2x_nesterov_noef topk2x_nesterov_lr035" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then

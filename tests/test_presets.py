@@ -79,10 +79,14 @@ def test_warnings_name_what_was_measured_to_do_badly():
   assert "diverged at H = 500" in presets.warnings(long_rounds)[0]
   assert "lower bound" in presets.warnings(
       _config(delay="naive", outer_lr=1.0))[0]
-  topk = _config(compression="topk", error_feedback=True)
+  averaging = dict(outer_optimizer="sgd", outer_lr=1.0, outer_momentum=0.0)
+  topk = _config(compression="topk", error_feedback=True, **averaging)
   assert presets.warnings(topk) == []  # Averaged over senders by default.
   topk.diloco.sparse_aggregate = "mean"
   assert "sparse_aggregate=senders" in presets.warnings(topk)[0]
+  under_nesterov = presets.warnings(_config(compression="topk"))
+  assert len(under_nesterov) == 1 and "outer_optimizer=sgd" in (
+      under_nesterov[0])
   assert "diverged at rank 1-2" in presets.warnings(
       _config(compression="lowrank", error_feedback=True))[0]
   assert "+130%" in presets.warnings(
@@ -91,14 +95,15 @@ def test_warnings_name_what_was_measured_to_do_badly():
   # tiny DiPaCo 2x2's shared module has 4 users.
   both = _config(compression="topk", error_feedback=True,
                  compression_topk_fraction=0.01,
-                 download_compression="topk")
+                 download_compression="topk", **averaging)
   assert ["download_topk_fraction=0.04" in w for w in presets.warnings(
       both)] == [True]
   both.diloco.download_topk_fraction = 0.04
   assert presets.warnings(both) == []
   # A per-slot setting counts too.
   assert presets.warnings(_config(
-      sparse_aggregate="mean", per_slot="level=compression:topk"))
+      sparse_aggregate="mean", per_slot="level=compression:topk",
+      **averaging))
 
 
 def test_check_config_announces_on_stderr(capsys):

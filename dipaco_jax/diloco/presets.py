@@ -126,6 +126,11 @@ def warnings(config) -> list[str]:
     out.append("compression topk with sparse_aggregate=mean cost +47% at "
                "126M (zeros averaged in); set diloco.sparse_aggregate="
                "senders (diloco.preset=sparseloco).")
+  if "topk" in codecs and nesterov:
+    out.append("compression topk under outer Nesterov cost +123% (DiLoCo "
+               "x8, 8.4M) and +14% to +170% on a DiPaCo 2x2 toy; SparseLoCo "
+               "averages instead: set diloco.outer_optimizer=sgd, outer_lr="
+               "1.0, outer_momentum=0 (diloco.preset=sparseloco).")
   if any(c.spec.name == "lowrank" and c.spec.error_feedback
          for c in comms) and nesterov:
     out.append("compression lowrank with error feedback under outer "
@@ -151,10 +156,10 @@ def warnings(config) -> list[str]:
       want = min(1.0, users * thin[0].spec.topk_fraction)
       out.append(
           f"download_compression topk thinner than its {users} users' "
-          "top-k together cost +54% (8.4M GPU) and +1080% (CPU toy) at the "
-          "upload's share; at the users' share the toy matched float32 (30x "
-          f"fewer bytes both ways): set diloco.download_topk_fraction="
-          f"{want:g}.")
+          "top-k together cost +54% (8.4M) and +1080% (CPU toy) at the "
+          "upload's share; at the users' share it cost nothing over float32 "
+          "downloads (8.4M, 32x fewer bytes both ways): set "
+          f"diloco.download_topk_fraction={want:g}.")
   return out
 
 
