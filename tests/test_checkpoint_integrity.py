@@ -77,6 +77,14 @@ def _resume(run_dir):
                     str(run_dir), HASHES, "r")
 
 
+def _assert_same_training_state(state, restored):
+  """The parts a checkpoint holds (`inner`, `outer`), leaf by leaf."""
+  for a, b in zip(_host_leaves({k: state[k] for k in ("inner", "outer")}),
+                  _host_leaves({k: restored[k] for k in ("inner", "outer")}),
+                  strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
 def _restore_latest(run_dir, hashes=None):
   """`restore_latest` alone: no training, for the damage kinds whose resume
   is the same as a bit flip's."""
@@ -237,10 +245,7 @@ def test_sync_saves_are_verified_too(tmp_path):
   restored, _, step = ckpt.restore_latest(runtime.abstract_state, HASHES)
   ckpt.close()
   assert step == 2
-  for a, b in zip(_host_leaves({k: state[k] for k in ("inner", "outer")}),
-                  _host_leaves({k: restored[k] for k in ("inner", "outer")}),
-                  strict=True):
-    np.testing.assert_array_equal(a, b)
+  _assert_same_training_state(state, restored)
 
 
 def test_a_relative_checkpoint_directory_saves_and_resumes(tmp_path,
@@ -259,7 +264,4 @@ def test_a_relative_checkpoint_directory_saves_and_resumes(tmp_path,
   restored, _, step = ckpt.restore_latest(runtime.abstract_state, HASHES)
   ckpt.close()
   assert step == 1
-  for a, b in zip(_host_leaves({k: state[k] for k in ("inner", "outer")}),
-                  _host_leaves({k: restored[k] for k in ("inner", "outer")}),
-                  strict=True):
-    np.testing.assert_array_equal(a, b)
+  _assert_same_training_state(state, restored)

@@ -128,9 +128,10 @@ def warnings(config) -> list[str]:
                "senders (diloco.preset=sparseloco).")
   if "topk" in codecs and nesterov:
     out.append("compression topk under outer Nesterov cost +123% (DiLoCo "
-               "x8, 8.4M) and +14% to +170% on a DiPaCo 2x2 toy; SparseLoCo "
-               "averages instead: set diloco.outer_optimizer=sgd, outer_lr="
-               "1.0, outer_momentum=0 (diloco.preset=sparseloco).")
+               "x8, 8.4M, with the mean) and +14% to +170% over its senders "
+               "(DiPaCo 2x2 toy); SparseLoCo averages instead: set diloco."
+               "outer_optimizer=sgd, outer_lr=1.0, outer_momentum=0 "
+               "(diloco.preset=sparseloco).")
   if any(c.spec.name == "lowrank" and c.spec.error_feedback
          for c in comms) and nesterov:
     out.append("compression lowrank with error feedback under outer "
