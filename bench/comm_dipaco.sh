@@ -14,6 +14,17 @@
 # Compressed downloads (2026-11-28; NAMES="int4_ef_down_int4"):
 #   int4_ef_down_int4       int4 + error feedback, and what the workers
 #                           read back as int4 too (download_compression)
+# Top-k on DiPaCo (built 2026-12-01 after the CPU toy's
+# dipaco_density_toy.md, not yet run; with EXTRA="--config.diloco.
+# inner_steps=15", the papers' short rounds; settings from the toy, where
+# the combined arm cost +2.4% against plain DiPaCo 2x2):
+#   avg_lr14                float32, outer SGD lr 1.4 without momentum
+#   topk2x_lr14             top-k 128/4096 up (2 bits, error feedback
+#                           decayed by 0.95, senders) at that outer lr
+#   combined_topk2x_lr14    the same with top-k down at 0.125 (4x the
+#                           upload's share: the shared module's 4 users)
+#                           and delay=overlap at tau = 2 (H / 10 of 15,
+#                           rounded up)
 # The settings are the best of the DiLoCo x8 table (docs/communication.md),
 # fixed before any DiPaCo run, not chosen on DiPaCo's validation.
 # Usage: [STEPS=500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
@@ -33,6 +44,10 @@ setup_arms comm_dipaco experiments/dipaco_2x2.py 150000000 \
   ${STEPS:+--config.train.num_steps=$STEPS} "${extra[@]}"
 d=--config.diloco
 int4="$d.compression=int4 $d.error_feedback=True"
+lr14="$d.outer_optimizer=sgd $d.outer_lr=1.4 $d.outer_momentum=0"
+topk2x="$d.compression=topk $d.compression_topk_chunk=4096
+        $d.compression_topk_fraction=0.03125 $d.error_feedback=True
+        $d.error_feedback_decay=0.95 $d.sparse_aggregate=senders"
 declare -A ARMS=(
   [int4_ef]="$int4"
   [overlap_tau5]="$d.delay=overlap $d.overlap_steps=5"
@@ -40,6 +55,9 @@ declare -A ARMS=(
   [one_round_lr1]="$d.delay=one_round $d.outer_lr=1.0"
   [one_round_lr1_int4_ef]="$d.delay=one_round $d.outer_lr=1.0 $int4"
   [int4_ef_down_int4]="$int4 $d.download_compression=int4"
+  [avg_lr14]="$lr14"
+  [topk2x_lr14]="$topk2x $lr14"
+  [combined_topk2x_lr14]="$topk2x $lr14 $d.delay=overlap $d.overlap_steps=2 $d.download_compression=topk $d.download_topk_fraction=0.125"
 )
 # What a DiPaCo arm shares with the baseline: every stage before training,
 # and the dense baseline, which no DiLoCoX setting changes.
