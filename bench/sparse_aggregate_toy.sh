@@ -35,6 +35,9 @@
 # and the combined arm at that lr (combined_topk2x_lr14, fixed after the
 # two above, before its run):
 #   SHAPE=2x2 NAMES="combined_topk2x_lr14" bash bench/sparse_aggregate_toy.sh OUT
+# and whether that lr helps DiLoCo x8 too (the default shape; topk_senders
+# at outer lr 1.4, and float32 at it):
+#   NAMES="avg_lr14 topk_senders_lr14" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -81,6 +84,7 @@ declare -A ARMS=(
   [topk2x_nesterov_lr035]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.9"
   [avg_lr14]="--config.diloco.outer_lr=1.4"
   [topk2x_senders_lr14]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.outer_lr=1.4"
+  [topk_senders_lr14]="${senders[*]} --config.diloco.outer_lr=1.4"
   [combined_topk2x_lr14]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.outer_lr=1.4 --config.diloco.delay=overlap --config.diloco.overlap_steps=1 ${down[*]} --config.diloco.download_topk_fraction=0.125"
   [combined_topk2x]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.delay=overlap --config.diloco.overlap_steps=1 ${down[*]} --config.diloco.download_topk_fraction=0.125"
   [combined_topk4x]="${senders[*]} --config.diloco.delay=overlap --config.diloco.overlap_steps=1 ${down[*]} --config.diloco.download_topk_fraction=0.0625"

@@ -59,7 +59,10 @@ _LONG_MODULES = ("test_multihost.py", "test_pipeline.py",
                  "test_islands_replay.py", "test_islands_repair.py",
                  "test_results_rerun.py",
                  "test_gcs_emulator.py", "test_delay.py", "test_overlap.py",
-                 "test_download.py")
+                 "test_download.py", "test_dense_scaling.py",
+                 "test_pipelined.py", "test_merged_slots.py",
+                 "test_dispatch.py", "test_hlo_kernels.py",
+                 "test_contribution_fidelity.py", "test_train.py")
 
 
 def pytest_collection_modifyitems(items):
