@@ -112,16 +112,24 @@
 #   lowrank_shared20_int4_ef  lowrank_shared_int4_ef at rank 20 (>= 100x
 #                         fewer bytes up at 8.4M; rank 24 was 98.4x)
 # Built after the CPU toy of 2026-12-01 (top-k read back at 8x the upload's
-# density matched float32 there), not yet run on a GPU:
+# density matched float32 there), run the same day with the H = 15 MODEL
+# above, STEPS=2250 LANES=4 NAMES="sparseloco_senders senders_topk8x_down
+# combined_overlap2_topk8x_both":
 #   senders_topk8x_down   senders_topk_down with download_topk_fraction =
-#                         8 x 64/4096 (the 8 workers' top-k together; 30x
+#                         8 x 64/4096 (the 8 workers' top-k together; 32x
 #                         fewer bytes both ways)
 #   combined_overlap2_topk8x_both  combined_overlap2_topk_both with the
 #                         download at that 8x share
-# SparseLoCo over its senders at 126M (2026-12-01; the 126M MODEL below,
-# MAX_CHARS=400000000, NAMES="sparseloco_senders", BASELINE= : the arm
-# alone, against the DiLoCo x8 of 2026-11-28 on the same model and corpus
-# draw, as one call could not hold both).
+# SparseLoCo over its senders at 126M (2026-12-01; MODEL="--config.model.
+# num_layers=12 --config.model.d_model=768 --config.model.num_heads=12
+# --config.model.mlp_dim=3072 --config.ckpt.every=750
+# --config.ckpt.keep=1", MAX_CHARS=400000000, STEPS=1500, LANES=1): one
+# arm per call, as one call cannot hold two, each call with BASELINE= and
+# NAMES=diloco_x8, then NAMES=sparseloco_senders, with an absolute WORK_DIR
+# the second call finds again (the same machine, still warm; on a fresh
+# one pass the first call's arms.tgz as PRIOR). With H = 50 (the MODEL
+# without inner_steps) the arm ran alone against the DiLoCo x8 of
+# 2026-11-28; with --config.diloco.inner_steps=15 both arms ran.
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]

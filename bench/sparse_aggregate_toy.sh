@@ -69,25 +69,31 @@ run() {  # NAME FLAGS...
   sed -n '/^Validation/,+5p' "$out/$name.log" | tail -2
 }
 senders=("${topk[@]}" --config.diloco.sparse_aggregate=senders)
+topk2x="${senders[*]} --config.diloco.compression_topk_fraction=0.03125"
 down=(--config.diloco.download_compression=topk)
+down8x="${down[*]} --config.diloco.download_topk_fraction=0.125"
+overlap1="--config.diloco.delay=overlap --config.diloco.overlap_steps=1"
+nesterov="--config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.7 --config.diloco.outer_momentum=0.9"
+lr14="--config.diloco.outer_lr=1.4"
+# An arm's later flag wins over an earlier one (and over `common`'s).
 declare -A ARMS=(
   [topk_mean]="${topk[*]} --config.diloco.sparse_aggregate=mean"
   [topk_senders]="${senders[*]}"
   [down_topk]="${senders[*]} ${down[*]}"
   [down_topk4x]="${senders[*]} ${down[*]} --config.diloco.download_topk_fraction=0.0625"
-  [down_topk8x]="${senders[*]} ${down[*]} --config.diloco.download_topk_fraction=0.125"
+  [down_topk8x]="${senders[*]} $down8x"
   [down_int4]="${senders[*]} --config.diloco.download_compression=int4"
-  [plain_nesterov]="--config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.7 --config.diloco.outer_momentum=0.9"
-  [topk2x_senders]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125"
-  [senders_nesterov]="${senders[*]} --config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.7 --config.diloco.outer_momentum=0.9"
-  [topk2x_nesterov_noef]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.error_feedback=False --config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.7 --config.diloco.outer_momentum=0.9"
-  [topk2x_nesterov_lr035]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.9"
-  [avg_lr14]="--config.diloco.outer_lr=1.4"
-  [topk2x_senders_lr14]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.outer_lr=1.4"
-  [topk_senders_lr14]="${senders[*]} --config.diloco.outer_lr=1.4"
-  [combined_topk2x_lr14]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.outer_lr=1.4 --config.diloco.delay=overlap --config.diloco.overlap_steps=1 ${down[*]} --config.diloco.download_topk_fraction=0.125"
-  [combined_topk2x]="${senders[*]} --config.diloco.compression_topk_fraction=0.03125 --config.diloco.delay=overlap --config.diloco.overlap_steps=1 ${down[*]} --config.diloco.download_topk_fraction=0.125"
-  [combined_topk4x]="${senders[*]} --config.diloco.delay=overlap --config.diloco.overlap_steps=1 ${down[*]} --config.diloco.download_topk_fraction=0.0625"
+  [plain_nesterov]="$nesterov"
+  [topk2x_senders]="$topk2x"
+  [senders_nesterov]="${senders[*]} $nesterov"
+  [topk2x_nesterov_noef]="$topk2x --config.diloco.error_feedback=False $nesterov"
+  [topk2x_nesterov_lr035]="$topk2x $nesterov --config.diloco.outer_lr=0.35"
+  [avg_lr14]="$lr14"
+  [topk2x_senders_lr14]="$topk2x $lr14"
+  [topk_senders_lr14]="${senders[*]} $lr14"
+  [combined_topk2x_lr14]="$topk2x $lr14 $overlap1 $down8x"
+  [combined_topk2x]="$topk2x $overlap1 $down8x"
+  [combined_topk4x]="${senders[*]} $overlap1 ${down[*]} --config.diloco.download_topk_fraction=0.0625"
 )
 run "$base"
 for name in ${NAMES:-topk_mean topk_senders}; do
