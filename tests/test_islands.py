@@ -29,6 +29,7 @@ from dipaco_jax.islands import timeline
 from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
+from dipaco_jax.store import link
 
 
 @dataclasses.dataclass
@@ -365,6 +366,27 @@ def test_a_plain_tasks_phases_and_the_outer_steps_phases(tmp_path,
   # array transfers) and reads at least one contribution.
   assert stats["store_ops"]["put"] == 2 * stats["outer_steps"]
   assert stats["store_ops"]["get"] >= stats["outer_steps"]
+
+
+def test_a_roles_loop_ops_are_saved_before_its_loop_ends(tmp_path):
+  # The launcher stops the roles still running once the run is done: a
+  # role stopped before its loop saw it still left its count, from its
+  # first iteration on, and each save stays out of the counted window.
+  loop = timeline.LoopOps(tmp_path, "worker_w0", save_every_s=3600.0)
+  saved = lambda: layout.read_json(loop.path)
+  for gets in (2, 4):
+    loop.start()
+    for _ in range(gets):
+      link.operation("get")
+    loop.end()
+  assert saved() == {"iterations": 1, "ops": {"get": 2}}
+  loop.save_every_s = 0.0
+  loop.start()
+  link.operation("exists")
+  link.operation("get")
+  loop.end(work={"get": 1})  # A task's own operation.
+  assert saved() == {"iterations": 3, "ops": {"exists": 1, "get": 6}}
+  assert timeline.loop_ops(tmp_path) == {"worker": 7 / 3}
 
 
 def test_an_executor_holds_its_newest_versions_within_its_bound(tmp_path):

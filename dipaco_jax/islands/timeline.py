@@ -24,6 +24,7 @@ compute.
 """
 
 import collections
+import time
 
 import jax
 import numpy as np
@@ -79,16 +80,21 @@ class TaskStats:
 
 class LoopOps:
   """The store operations of a role's polling loop (store/link.py), per
-  iteration, kept in `control/ops/{role}.json` when the loop ends: what one
-  look at the store costs a role, the part of a hand-off between roles
-  that a slow store charges its latency for. `work` excludes the
-  operations of the work an iteration found (a task, an outer step),
-  which their own stats count."""
+  iteration, kept in `control/ops/{role}.json`: what one look at the store
+  costs a role, the part of a hand-off between roles that a slow store
+  charges its latency for. `work` excludes the operations of the work an
+  iteration found (a task, an outer step), which their own stats count.
 
-  def __init__(self, run, role: str):
+  Saved after the first iteration, every `save_every_s` and when the loop
+  ends: the launcher stops the roles still running once the run is done,
+  which can be before a role's loop has seen it (a loaded machine), and a
+  killed role keeps what it had counted."""
+
+  def __init__(self, run, role: str, save_every_s: float = 10.0):
     self.path = layout.control(run, "ops", f"{role}.json")
     self.iterations, self.ops = 0, collections.Counter()
-    self._before = None
+    self.save_every_s = save_every_s
+    self._before, self._saved_at = None, None
 
   def start(self) -> None:
     self._before = link.thread_counts().copy()
@@ -98,10 +104,15 @@ class LoopOps:
     self.iterations += 1
     self.ops.update(link.since(self._before))
     self.ops.subtract(work or {})
+    # Outside the iteration's window (start .. end): not counted in it.
+    if (self._saved_at is None
+        or time.monotonic() - self._saved_at >= self.save_every_s):
+      self.save()
 
   def save(self) -> None:
     atomic.write_json(self.path, {"iterations": self.iterations,
                                   "ops": dict(+self.ops)}, indent=None)
+    self._saved_at = time.monotonic()
 
 
 def loop_ops(run) -> dict[str, float]:
