@@ -76,10 +76,12 @@ run() {  # name, then extra main.py flags
   if cp "$work/$name/results.json" "$arms/$name.json" 2>/dev/null; then
     # A scored arm is never resumed: its checkpoints go, or a 126M sweep
     # fills the device's 64 GiB disk (14.2 GiB per DiLoCo x8 checkpoint,
-    # 2026-12-01). The base stays: `share` copies it to the next arms.
+    # 2026-12-01). The base and DiPaCo's dense baseline stay: `share`
+    # copies them to the next arms (comm_dipaco.sh), which would otherwise
+    # train the dense baseline again.
     [[ -n "${KEEP_CHECKPOINTS:-}" ]] || find "$work/$name/runs" -mindepth 2 \
       -maxdepth 2 -name checkpoints ! -path '*/runs/base/*' \
-      -exec rm -rf {} +
+      ! -path '*/runs/dense/*' -exec rm -rf {} +
   else
     echo "!!! $name wrote no results" >> "$log"
   fi
