@@ -37,6 +37,10 @@ at a given ratio on this model (docs/communication.md). `--codec` takes
 `NAME` or `NAME:field=value,...` with the fields of
 `diloco/compress.py`'s CompressionSpec, e.g.
 `topk:topk_fraction=0.015625,topk_chunk=4096,error_feedback=True`.
+`lowrank_shared` encodes each module's users together (PowerSGD's two
+exchanges, diloco/compress_shared.py), its users weighted alike; its
+err_worker is each worker's contribution against its projection on the
+module's shared basis.
 """
 
 import argparse
@@ -61,6 +65,7 @@ from dipaco_jax.data import batches as batches_lib
 from dipaco_jax.data import prepare
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import compress_apply
+from dipaco_jax.diloco import compress_shared
 from dipaco_jax.diloco import outer as outer_lib
 import eval_throughput  # bench/: load_config, apply_overrides
 
@@ -69,6 +74,7 @@ DEFAULT_CODECS = (
     "e3m0",
     "lowrank:rank_max=8,error_feedback=True",
     "lowrank:rank_max=32,energy=1.0,error_feedback=True",
+    "lowrank_shared:rank_max=8,factor_bits=4,error_feedback=True",
     "topk:topk_fraction=0.0625,topk_chunk=4096,error_feedback=True",
     "topk:topk_fraction=0.015625,topk_chunk=4096,error_feedback=True",
 )
@@ -110,7 +116,8 @@ class Structure:
   def __init__(self):
     self.rows, self.previous = [], None
 
-  def add(self, contribs: dict):
+  def add(self, contribs: dict, assignment_WxS=None):
+    del assignment_WxS  # The trackers' (lowrank_shared's users).
     c_WxN = np.concatenate([np.asarray(x).reshape(x.shape[0], -1)
                             for x in jax.tree.leaves(contribs)], axis=1)
     unit_WxN = c_WxN / np.linalg.norm(c_WxN, axis=1, keepdims=True)
@@ -147,9 +154,16 @@ class Tracker:
     self.sum_err = self.sum_c = None  # sum over rounds, [W, ...] leaves
     self.bytes, self.float_bytes, self.rounds = 0.0, 0.0, 0
 
-  def add(self, contribs: dict):
-    sent, self.residuals, self.states, bytes_W = compress_apply.compress_tree(
-        self.codec, contribs, self.residuals, self.states)
+  def add(self, contribs: dict, assignment_WxS=None):
+    """`assignment_WxS`: each worker's module per slot (the slots in
+    `contribs`' order), which `lowrank_shared`'s users share a subspace
+    by; None = every worker shares each slot's one module (DiLoCo)."""
+    if self.spec.name == "lowrank_shared":
+      sent, bytes_W = self._add_shared(contribs, assignment_WxS)
+    else:
+      sent, self.residuals, self.states, bytes_W = (
+          compress_apply.compress_tree(self.codec, contribs, self.residuals,
+                                       self.states))
     err = jax.tree.map(lambda s, c: s - c, sent, contribs)
     sq = lambda tree: float(sum(jnp.sum(x * x) for x in jax.tree.leaves(
         tree)))
@@ -164,6 +178,28 @@ class Tracker:
     self.bytes += float(jnp.sum(bytes_W))
     self.float_bytes += 4.0 * sum(x.size for x in jax.tree.leaves(contribs))
     self.rounds += 1
+
+  def _add_shared(self, contribs: dict, assignment_WxS):
+    """PowerSGD's two exchanges per slot (diloco/compress_shared.py), each
+    module's users weighted alike (the runs weigh them by shard size)."""
+    num_workers = jax.tree.leaves(contribs)[0].shape[0]
+    if assignment_WxS is None:
+      assignment_WxS = np.zeros((num_workers, len(contribs)), np.int32)
+    if self.states is None:
+      self.residuals = {name: None for name in contribs}
+      self.states = {name: compress_apply.init_states(self.codec, tree)
+                     for name, tree in contribs.items()}
+    sent, bytes_W = {}, jnp.zeros((num_workers,), jnp.float32)
+    for s, name in enumerate(contribs):
+      experts_W = jnp.asarray(assignment_WxS[:, s], jnp.int32)
+      users_WxK = jax.nn.one_hot(experts_W, int(experts_W.max()) + 1)
+      a_WxK = users_WxK / jnp.maximum(users_WxK.sum(0, keepdims=True), 1.0)
+      sent[name], self.residuals[name], self.states[name], b = (
+          compress_shared.compress_tree(self.spec, contribs[name],
+                                        self.residuals[name],
+                                        self.states[name], a_WxK, experts_W))
+      bytes_W = bytes_W + b
+    return sent, bytes_W
 
   def row(self, text: str) -> dict:
     per_w = lambda tree: sum(jnp.sum(x * x, axis=tuple(range(1, x.ndim)))
@@ -235,10 +271,14 @@ def judge_saved(folder: str, trackers) -> tuple[int, int]:
     raise SystemExit(f"--load {folder}: no round_*.npz (made by --save)")
   for path in files:
     with np.load(path) as z:
-      contribs = unflatten({k: z[k] for k in z.files if k != "inner_steps"})
+      meta = ("inner_steps", "assignment_WxS")
+      contribs = unflatten({k: z[k] for k in z.files if k not in meta})
       h = int(z["inner_steps"])
+      # Folders saved before the assignment was: DiLoCo's.
+      assignment = z["assignment_WxS"] if "assignment_WxS" in z.files \
+          else None
     for t in trackers:
-      t.add(contribs)
+      t.add(contribs, assignment)
   return jax.tree.leaves(contribs)[0].shape[0], h
 
 
@@ -303,10 +343,11 @@ def train_and_judge(config, args, trackers) -> tuple[int, int]:
           state["outer"]["params"], state["inner"]["params"], assignment,
           runtime.slot_names))
       for t in trackers:
-        t.add(contribs)
+        t.add(contribs, assignment)
       if args.save:
         pathlib.Path(args.save).mkdir(parents=True, exist_ok=True)
         np.savez(f"{args.save}/round_{r:04d}.npz", inner_steps=h,
+                 assignment_WxS=np.asarray(assignment),
                  **flatten(contribs))
     state = runtime.outer_step(state, runtime.outer_weights_W)
     print(f"round {r + 1}/{args.warm_rounds + args.rounds}  step {step}  "

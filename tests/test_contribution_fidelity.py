@@ -92,6 +92,33 @@ def test_bound_is_the_gaussian_rate_distortion_bound():
   assert row["bound"] < row["err_worker"]
 
 
+def test_shared_low_rank_is_exact_where_a_modules_users_share_a_basis():
+  """Workers 0 and 1 move module 0 within one rank-2 column space, worker 2
+  alone uses module 1 with another: PowerSGD's shared basis (one power
+  step from the warm start) spans each module's space, so what is sent is
+  exact, at (64 + 32) x 2 floats for the 64 x 32 matrix (the vector is
+  sent whole). Judged as if all three shared one module, rank 2 cannot
+  span both spaces."""
+  rng = np.random.default_rng(0)
+  basis = [rng.normal(size=(64, 2)) for _ in range(2)]
+  def contribs():
+    return {"s0": {
+        "w": np.stack([basis[e] @ rng.normal(size=(2, 32))
+                       for e in (0, 0, 1)]).astype(np.float32),
+        "b": rng.normal(size=(3, 300)).astype(np.float32)}}
+  spec = "lowrank_shared:rank_max=2,error_feedback=True"
+  by_module = fidelity.Tracker(fidelity.parse_codec(spec))
+  as_one = fidelity.Tracker(fidelity.parse_codec(spec))
+  for _ in range(2):
+    c = contribs()
+    by_module.add(c, np.array([[0], [0], [1]]))
+    as_one.add(c)
+  row = by_module.row("shared")
+  assert row["err_worker"] < 1e-5 and row["err_sum"] < 1e-5, row
+  assert row["ratio"] == pytest.approx((64 * 32 + 300) / (96 * 2 + 300))
+  assert as_one.row("one")["err_worker"] > 0.3
+
+
 def test_structure_of_gaussian_and_repeated_contributions():
   """Independent Gaussian workers: kurtosis 3, cosines near 0; a round
   repeated: cosine 1 between rounds; an exact top 1/16 of Gaussian
