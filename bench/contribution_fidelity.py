@@ -65,6 +65,7 @@ from dipaco_jax.data import batches as batches_lib
 from dipaco_jax.data import prepare
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import compress_apply
+from dipaco_jax.diloco import compress_lowrank as lowrank
 from dipaco_jax.diloco import compress_shared
 from dipaco_jax.diloco import outer as outer_lib
 import eval_throughput  # bench/: load_config, apply_overrides
@@ -110,8 +111,12 @@ class Structure:
   """What a codec could exploit, averaged over the measured rounds: the
   contributions' kurtosis (3 for a Gaussian; per worker, all leaves as one
   vector), the share of |c|^2 in their largest 1/64 and 1/16 entries
-  (what an exact top-k at those densities keeps), and the cosine between
-  workers in a round and between a worker's consecutive rounds."""
+  (what an exact top-k at those densities keeps), the share in each
+  matrix leaf's largest 1/8 of singular values (what an exact low rank of
+  an eighth of the matrix's rank keeps; per worker, `rank_1_8`, and of the
+  workers' mean, `rank_1_8_mean`, what a shared subspace could keep at
+  best), and the cosine between workers in a round and between a worker's
+  consecutive rounds."""
 
   def __init__(self):
     self.rows, self.previous = [], None
@@ -132,6 +137,10 @@ class Structure:
            "top_1_16": float(np.mean(energy_WxN[:, :n // 16].sum(1) /
                                      energy_WxN.sum(1))),
            "cos_workers": float((cos_WxW.sum() - w) / max(w * (w - 1), 1))}
+    row["rank_1_8"] = _low_rank_share(jax.tree.leaves(contribs))
+    row["rank_1_8_mean"] = _low_rank_share(
+        [np.mean(np.asarray(x), axis=0, keepdims=True)
+         for x in jax.tree.leaves(contribs)])
     if self.previous is not None:
       row["cos_rounds"] = float(np.mean(np.sum(unit_WxN * self.previous,
                                                axis=1)))
@@ -142,6 +151,23 @@ class Structure:
     keys = {k for r in self.rows for k in r}
     return {k: float(np.mean([r[k] for r in self.rows if k in r]))
             for k in sorted(keys)}
+
+
+def _low_rank_share(leaves_W) -> float:
+  """Over the matrix leaves [W, ...] (`compress_lowrank.matrix_shape`'s
+  view), the share of |c|^2 in each one's largest 1/8 of singular values,
+  mean over workers (vectors left out: no codec sends them low rank)."""
+  top_W = total_W = 0.0
+  for x in leaves_W:
+    x = np.asarray(x, np.float64)
+    mn = lowrank.matrix_shape(x.shape[1:])
+    if mn is None:
+      continue
+    s_WxR = np.linalg.svd(x.reshape((x.shape[0],) + mn), compute_uv=False)
+    keep = max(1, min(mn) // 8)
+    top_W = top_W + np.sum(s_WxR[:, :keep] ** 2, axis=1)
+    total_W = total_W + np.sum(s_WxR ** 2, axis=1)
+  return float(np.mean(top_W / np.maximum(total_W, 1e-30)))
 
 
 class Tracker:
@@ -249,8 +275,10 @@ def main(argv=None):
   print(f"\n{w} workers, H = {h}, {rows[0]['rounds']} rounds measured. "
         "The contributions: kurtosis {kurtosis:.2f} (Gaussian 3); an exact "
         "top 1/64 of entries holds {top_1_64:.1%} of |c|^2, top 1/16 "
-        "{top_1_16:.1%}; cosine between workers {cos_workers:.2f}, between "
-        "a worker's rounds {cos_rounds:.2f}\n".format(**{
+        "{top_1_16:.1%}; the largest 1/8 of each matrix's singular values "
+        "{rank_1_8:.1%} (of the workers' mean {rank_1_8_mean:.1%}); cosine "
+        "between workers {cos_workers:.2f}, between a worker's rounds "
+        "{cos_rounds:.2f}\n".format(**{
             "cos_rounds": float("nan"), **shape}))
   print("| codec | fewer bytes than float32 | err_worker | err_mean | "
         "err_sum | bound |\n| --- | --- | --- | --- | --- | --- |")

@@ -136,6 +136,24 @@ def test_structure_of_gaussian_and_repeated_contributions():
   assert got["top_1_64"] < got["top_1_16"]
 
 
+def test_low_rank_share_of_rank_1_and_gaussian_matrices():
+  """A rank-1 change keeps all of |c|^2 in its largest singular value; an
+  i.i.d. Gaussian 256 x 256 one keeps in its largest 32 about 38% (the
+  quarter-circle law's top eighth), its workers' mean the same share
+  (independent workers average to another Gaussian matrix)."""
+  rng = np.random.default_rng(0)
+  rank1 = {"s": {"w": np.einsum("wm,wn->wmn", rng.normal(size=(2, 64)),
+                                rng.normal(size=(2, 32))),
+                 "b": rng.normal(size=(2, 10))}}
+  gauss = {"s": {"w": rng.normal(size=(2, 256, 256))}}
+  s1, s2 = fidelity.Structure(), fidelity.Structure()
+  s1.add(rank1)
+  s2.add(gauss)
+  assert s1.summary()["rank_1_8"] == pytest.approx(1.0)
+  assert s2.summary()["rank_1_8"] == pytest.approx(0.38, abs=0.03)
+  assert s2.summary()["rank_1_8_mean"] == pytest.approx(0.38, abs=0.03)
+
+
 def test_trains_from_a_base_and_saves_what_it_judged(tmp_path, capsys):
   """End to end on the stdlib corpus with a tiny model: a base, then
   rounds; `none` sends everything; --load of --save gives the same rows."""
