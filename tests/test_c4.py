@@ -3,17 +3,38 @@
 Skipped where the `data` extra (`pip install -e .[data]`) is not installed.
 """
 
+import importlib
+import importlib.util
 import sys
 
 import numpy as np
 import pytest
 
-pytest.importorskip("seqio")
-tfds = pytest.importorskip("tensorflow_datasets")
-tf = pytest.importorskip("tensorflow")
-spm = pytest.importorskip("sentencepiece")
+from dipaco_jax.data import c4
 
-from dipaco_jax.data import c4  # pylint: disable=g-import-not-at-top
+_EXTRA = ("seqio", "tensorflow_datasets", "tensorflow", "sentencepiece")
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in _EXTRA),
+    reason="needs the data extra: pip install -e .[data]")
+
+
+class _OnFirstUse:
+  """A module imported when a test first uses it, not when the file is
+  collected: every test worker collects this file, and seqio's import of
+  TensorFlow cost each about 8 s of CPU before any test ran."""
+
+  def __init__(self, name: str):
+    self._name = name
+
+  def __getattr__(self, attr):
+    if attr.startswith("_"):  # pytest's probes of the file's names
+      raise AttributeError(attr)
+    return getattr(importlib.import_module(self._name), attr)
+
+
+tfds = _OnFirstUse("tensorflow_datasets")
+tf = _OnFirstUse("tensorflow")
+spm = _OnFirstUse("sentencepiece")
 
 _BOS = 2
 _WORDS = (

@@ -148,8 +148,9 @@ def test_dispatches_end_at_the_apply_steps(tmp_path):
   three = _train(config, tmp_path / "three", after_outer_step=[
       lambda step, state: changed.append(step)]).state
   assert changed == [6, 10, 12]
+  # Scanned steps round as test_dispatch.py says.
   for a, b in zip(_leaves(one), _leaves(three), strict=True):
-    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_loop_bookkeeping_of_the_apply_steps():
