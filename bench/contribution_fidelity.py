@@ -215,15 +215,16 @@ class Tracker:
       self.residuals = {name: None for name in contribs}
       self.states = {name: compress_apply.init_states(self.codec, tree)
                      for name, tree in contribs.items()}
+    assignment_WxS = np.asarray(assignment_WxS, np.int32)
+    mixing = outer_lib.mixing_matrices(
+        assignment_WxS, np.ones(num_workers),
+        [int(assignment_WxS[:, s].max()) + 1 for s in range(len(contribs))])
     sent, bytes_W = {}, jnp.zeros((num_workers,), jnp.float32)
     for s, name in enumerate(contribs):
-      experts_W = jnp.asarray(assignment_WxS[:, s], jnp.int32)
-      users_WxK = jax.nn.one_hot(experts_W, int(experts_W.max()) + 1)
-      a_WxK = users_WxK / jnp.maximum(users_WxK.sum(0, keepdims=True), 1.0)
       sent[name], self.residuals[name], self.states[name], b = (
-          compress_shared.compress_tree(self.spec, contribs[name],
-                                        self.residuals[name],
-                                        self.states[name], a_WxK, experts_W))
+          compress_shared.compress_tree(
+              self.spec, contribs[name], self.residuals[name],
+              self.states[name], mixing[s], assignment_WxS[:, s]))
       bytes_W = bytes_W + b
     return sent, bytes_W
 
