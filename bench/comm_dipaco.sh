@@ -15,9 +15,11 @@
 #   int4_ef_down_int4       int4 + error feedback, and what the workers
 #                           read back as int4 too (download_compression)
 # Top-k on DiPaCo (built 2026-12-01 after the CPU toy's
-# dipaco_density_toy.md, not yet run; with EXTRA="--config.diloco.
-# inner_steps=15", the papers' short rounds; settings from the toy, where
-# the combined arm cost +2.4% against plain DiPaCo 2x2):
+# dipaco_density_toy.md, run the same day on one H200 with STEPS=1500
+# EXTRA="--config.diloco.inner_steps=15", the papers' short rounds, and
+# NAMES="avg_lr14 topk2x_lr14 combined_topk2x_lr14"; settings from the
+# toy, where the combined arm cost +2.4% against plain DiPaCo 2x2; on the
+# GPU it was 24% better, docs/communication.md):
 #   avg_lr14                float32, outer SGD lr 1.4 without momentum
 #   topk2x_lr14             top-k 128/4096 up (2 bits, error feedback
 #                           decayed by 0.95, senders) at that outer lr

@@ -129,7 +129,16 @@
 # the second call finds again (the same machine, still warm; on a fresh
 # one pass the first call's arms.tgz as PRIOR). With H = 50 (the MODEL
 # without inner_steps) the arm ran alone against the DiLoCo x8 of
-# 2026-11-28; with --config.diloco.inner_steps=15 both arms ran.
+# 2026-11-28; with --config.diloco.inner_steps=15 both arms ran. Then
+# (2026-12-01, the same MODEL with inner_steps=15, one machine, one work
+# folder, NAMES=combined_overlap2_topk8x_both, and the arm below run by
+# main.py with its flags in the call's last minutes):
+#   combined_overlap2_topk_both100x  combined_overlap2_topk8x_both with 8x
+#                         sparser uploads (8 of every 4096 entries, about
+#                         745x fewer bytes) read back at 8 x that share
+#                         (64/4096, 136.5x): a module's change is up to
+#                         its 8 users' top-k together, so >= 100x both
+#                         ways needs uploads 8x sparser than SparseLoCo's
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
@@ -193,6 +202,7 @@ declare -A ARMS=(
   [senders_topk8x_down]="${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk $d.download_topk_fraction=0.125"
   [combined_overlap2_topk_both]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
   [combined_overlap2_topk8x_both]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk $d.download_topk_fraction=0.125"
+  [combined_overlap2_topk_both100x]="$d.delay=overlap $d.overlap_steps=2 $d.compression=topk $d.compression_topk_chunk=4096 $d.compression_topk_fraction=0.001953125 $d.error_feedback=True $d.sparse_aggregate=senders $d.error_feedback_decay=0.95 $avg $d.download_compression=topk $d.download_topk_fraction=0.015625"
   [lowrank_shared20_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=20 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
 )
