@@ -106,6 +106,20 @@ def test_warnings_name_what_was_measured_to_do_badly():
       **averaging))
 
 
+def test_dipaco_at_short_rounds_under_nesterov_is_warned_dilocos_is_not():
+  short = _config()
+  short.diloco.inner_steps = 15
+  (line,) = presets.warnings(short)
+  assert line.startswith("DiPaCo at H = 15 under outer Nesterov") and (
+      "outer_lr=1.4" in line)
+  short.diloco.update(outer_optimizer="sgd", outer_lr=1.4, outer_momentum=0.0)
+  assert presets.warnings(short) == []
+  assert presets.warnings(_config()) == []  # H = 20: not measured to lose.
+  dense_diloco = testing.tiny_config("1x1", replicas=2, inner_steps=15,
+                                     num_steps=30)
+  assert presets.warnings(dense_diloco) == []  # One module per level.
+
+
 def test_check_config_announces_on_stderr(capsys):
   from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
   config = _config(preset="dilocox")

@@ -31,7 +31,8 @@ What each sets, and why (the measurements: docs/communication.md):
               change the hash of runs made with it, which would then refuse
               to resume): download_compression=topk with
               download_topk_fraction = the users x 64/4096 (0.125 for 8)
-              cost nothing more at 8.4M, for 32x fewer bytes both ways.
+              cost nothing more at 8.4M, for 32x fewer bytes both ways
+              (+3.67% at 126M with delay=overlap, tau = 2).
 """
 
 import sys
@@ -140,14 +141,23 @@ def warnings(config) -> list[str]:
                "(diloco.preset=sparseloco).")
   if "lowrank_shared" in codecs:
     out.append("compression lowrank_shared cost +130% at 118x fewer bytes "
-               "(8.4M, 150 rounds) and +214% over 30 rounds: a round's AdamW "
-               "change is close to full rank; use topk "
-               "(diloco.preset=sparseloco).")
+               "(8.4M, 150 rounds) and +214% over 30 rounds: a round's "
+               "change is only mildly low rank (an eighth of its rank holds "
+               "half of it); use topk (diloco.preset=sparseloco).")
+  topology = paths_lib.topology_from_config(config)
+  is_dipaco = any(slot.num_experts > 1 for slot in topology.slots)
+  if is_dipaco and nesterov and d.inner_steps <= 15:
+    # Short rounds with momentum 0.9 carry each round's step on for ~10
+    # rounds; with a module's few users' noisy average that overshoots.
+    out.append(f"DiPaCo at H = {d.inner_steps} under outer Nesterov: at "
+               "H = 15 it was 23% worse in perplexity than outer SGD at lr "
+               "1.4 without momentum (DiPaCo 2x2, 1 x H200, 100 rounds); "
+               "set diloco.outer_optimizer=sgd, outer_lr=1.4, "
+               "outer_momentum=0.")
   topk_down = [c for c in comms if c.download == "topk"]
   if topk_down:
     # A module's change after the outer step covers up to its users' top-k
     # entries together: a download thinner than that trails far behind.
-    topology = paths_lib.topology_from_config(config)
     users = int(max(float(jnp.max(u)) for u in outer_lib.users_per_module(
         topology.assignment_WxS, np.ones(topology.num_workers),
         [slot.num_experts for slot in topology.slots])))
