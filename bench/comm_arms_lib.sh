@@ -83,7 +83,9 @@ run() {  # name, then extra main.py flags
       -maxdepth 2 -name checkpoints ! -path '*/runs/base/*' \
       ! -path '*/runs/dense/*' -exec rm -rf {} +
   else
-    echo "!!! $name wrote no results" >> "$log"
+    # The job's one-line reason (a full disk, a bad flag), or its last line.
+    echo "!!! $name wrote no results: $(grep -m1 '^error:' "$arms/$name.log" \
+      || tail -n 1 "$arms/$name.log")" >> "$log"
   fi
   for run_name in main dipaco; do  # DiLoCo's run, or DiPaCo's paths
     cp "$work/$name/runs/$run_name/logs/train/metrics.jsonl" \
