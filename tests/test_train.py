@@ -3,6 +3,8 @@ preemption."""
 
 import os
 import signal
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -182,6 +184,35 @@ def _signal_at(step_to_signal):
     if step == step_to_signal:
       os.kill(os.getpid(), signal.SIGTERM)
   return hook
+
+
+_SIGNAL_ITSELF = """
+import os, signal, time
+from dipaco_jax.train import preemption
+with preemption.handle_signals():
+  if FINISHED:
+    preemption.finished()
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(30)
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_signal_after_the_work_is_finished_ends_it_quietly(finished):
+  # An islands role that saw the run end is stopped by the launcher's
+  # SIGTERM wherever it is as it winds down (a garbage collector's
+  # callback prints what it raises, a traceback in the role's log): once
+  # `finished`, the signal ends it at once, with status 0 and no output;
+  # before, it raises `Preempted` as everywhere else.
+  script = _SIGNAL_ITSELF.replace("FINISHED", str(finished))
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                        text=True, timeout=120, check=False)
+  if finished:
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+  else:
+    assert done.returncode == 1 and "Preempted" in done.stderr
+    assert "not reached" not in done.stdout
 
 
 def test_sigterm_saves_where_it_lands_and_resumes_exactly(tmp_path):

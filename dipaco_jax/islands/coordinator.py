@@ -32,6 +32,7 @@ from dipaco_jax.islands import timeline
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import atomic
 from dipaco_jax.store import link
+from dipaco_jax.train import preemption
 
 
 class Coordinator:
@@ -350,6 +351,7 @@ class Coordinator:
         "rounds": self.num_rounds})
     for worker in self.leases:
       self._write_lease(worker, None, stop=True)
+    preemption.finished()
     counts = ", ".join(f"{w} {n}" for w, n in sorted(self.tasks_done.items()))
     self.log(f"done: {self.num_rounds} rounds; tasks per worker: {counts}; "
              f"{self.requeued} re-queued")

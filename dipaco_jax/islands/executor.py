@@ -46,6 +46,7 @@ from dipaco_jax.store import atomic
 from dipaco_jax.store import integrity
 from dipaco_jax.store import items
 from dipaco_jax.store import link
+from dipaco_jax.train import preemption
 
 
 def _add_expert_axis(tree):
@@ -362,6 +363,7 @@ def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
       raise TimeoutError(f"{role}: run not finished in {timeout_s:.0f} s")
     time.sleep(poll_s)
   loop.save()
+  preemption.finished()
   log(f"done: {len(executor.modules)} units at version "
       f"{spec.num_rounds}")
 

@@ -30,6 +30,7 @@ from dipaco_jax.store import atomic
 from dipaco_jax.store import integrity
 from dipaco_jax.store import items
 from dipaco_jax.store import link
+from dipaco_jax.train import preemption
 
 # A worker's default budget of host memory for its copies of compressed
 # downloads: 1B float32 parameters' worth, more than a task's modules on
@@ -118,6 +119,7 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
       loop.end(work=task_ops)
     loop.end()
   loop.save()
+  preemption.finished()
   log(f"done: {ran} tasks")
   return ran
 

@@ -52,6 +52,7 @@ class _Watch:
     self.in_loop = 0  # Training loops running (they save on the signal).
     self.grace_s = 30.0
     self.timer = None
+    self.finished = False  # The job's work is committed (`finished`).
 
 
 _watch = _Watch()
@@ -59,6 +60,10 @@ _watch = _Watch()
 
 def _handler(signum, frame):
   del frame
+  if _watch.finished:  # Nothing left to stop: end quietly, at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # pylint: disable=protected-access
   name = signal.Signals(signum).name
   if _watch.signal_name is not None:  # Second signal: stop now.
     _exit_now(f"{name} again: exiting without waiting for the save")
@@ -87,15 +92,14 @@ def handle_signals():
   if threading.current_thread() is not threading.main_thread():
     yield
     return
+  _watch.finished = False
   previous = {s: signal.signal(s, _handler) for s in SIGNALS}
   try:
     yield
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
-    if _watch.timer is not None:
-      _watch.timer.cancel()
-    _watch.signal_name, _watch.timer = None, None
+    reset()
 
 
 @contextlib.contextmanager
@@ -110,12 +114,24 @@ def saving_on_signal(grace_s: float):
     _watch.in_loop -= 1
 
 
+def finished() -> None:
+  """The job's work is done and committed (an islands role that saw the
+  run end): a signal from now on ends the process at once with status 0.
+  Raised instead, it would land wherever the interpreter is as the role
+  winds down, e.g. in a garbage collector's callback, whose exception
+  Python only prints ("Exception ignored in ...", a traceback in the
+  role's log), and the launcher stops every role as soon as the run is
+  done."""
+  _watch.finished = True
+
+
 def reset() -> None:
   """Forgets a signal that was handled (a job that trains on after it:
-  tests; the command line exits instead)."""
+  tests; the command line exits instead) and a `finished` job."""
   if _watch.timer is not None:
     _watch.timer.cancel()
   _watch.signal_name, _watch.timer = None, None
+  _watch.finished = False
 
 
 def requested() -> str | None:
