@@ -38,12 +38,21 @@
 # and whether that lr helps DiLoCo x8 too (the default shape; topk_senders
 # at outer lr 1.4, and float32 at it):
 #   NAMES="avg_lr14 topk_senders_lr14" bash bench/sparse_aggregate_toy.sh OUT
+# DiLoCo x8's own outer Nesterov 0.7 / 0.9 (float32), after DiPaCo 2x2 on a
+# GPU lost 23% with it at H = 15 (2026-12-01):
+#   NAMES="plain_nesterov avg_lr14" bash bench/sparse_aggregate_toy.sh OUT
+# The eager paper's rows at M = 2 (REPLICAS=2: DiLoCo x2; its first arm
+# is then diloco_x2), each delay at outer Nesterov 0.7 / 0.9 as in
+# bench/delay_table.sh, and eager at half that lr (2026-12-01):
+#   REPLICAS=2 NAMES="plain_nesterov eager_nesterov eager_nesterov_lr035
+#   naive_nesterov" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
   base=dipaco_2x2; shape=(--config.paths.shape=2x2 --config.paths.num_replicas=1)
 else
-  base=diloco_x8; shape=(--config.paths.shape=1x1 --config.paths.num_replicas=8)
+  base=diloco_x${REPLICAS:-8}
+  shape=(--config.paths.shape=1x1 --config.paths.num_replicas=${REPLICAS:-8})
 fi
 common=(--config=experiments/quickstart.py:small "${shape[@]}"
         --config.diloco.inner_steps=10 --config.diloco.outer_optimizer=sgd
@@ -84,6 +93,9 @@ declare -A ARMS=(
   [down_topk8x]="${senders[*]} $down8x"
   [down_int4]="${senders[*]} --config.diloco.download_compression=int4"
   [plain_nesterov]="$nesterov"
+  [eager_nesterov]="--config.diloco.delay=eager $nesterov"
+  [eager_nesterov_lr035]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.35"
+  [naive_nesterov]="--config.diloco.delay=naive $nesterov"
   [topk2x_senders]="$topk2x"
   [senders_nesterov]="${senders[*]} $nesterov"
   [topk2x_nesterov_noef]="$topk2x --config.diloco.error_feedback=False $nesterov"
