@@ -147,8 +147,9 @@ def warnings(config) -> list[str]:
   topology = paths_lib.topology_from_config(config)
   is_dipaco = any(slot.num_experts > 1 for slot in topology.slots)
   if is_dipaco and nesterov and d.inner_steps <= 15:
-    # Short rounds with momentum 0.9 carry each round's step on for ~10
-    # rounds; with a module's few users' noisy average that overshoots.
+    # Measured, not derived (one GPU run; DiLoCo x8's toy went the other
+    # way): a guess at why is momentum 0.9 carrying each round's step ~10
+    # rounds on while a module's average over its few users is noisy.
     out.append(f"DiPaCo at H = {d.inner_steps} under outer Nesterov: at "
                "H = 15 it was 23% worse in perplexity than outer SGD at lr "
                "1.4 without momentum (DiPaCo 2x2, 1 x H200, 100 rounds); "

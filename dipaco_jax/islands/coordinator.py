@@ -31,7 +31,6 @@ from dipaco_jax.islands import repair
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import atomic
-from dipaco_jax.store import link
 from dipaco_jax.train import preemption
 
 
@@ -231,7 +230,7 @@ class Coordinator:
       for w in workers:
         first = self._collected["inner"].get(w, 0)
         for step in range(first, keep, h):
-          _remove(layout.inner_dir(self.run, w, step))
+          atomic.remove(layout.inner_dir(self.run, w, step))
         self._collected["inner"][w] = max(first, keep)
     oldest_round = self._rebuild_from(min(self.frontier))
     modules = self._units(slice(None))  # Stages' keys included.
@@ -244,11 +243,11 @@ class Coordinator:
         for name, e in modules):
       v = self._collected["version"]
       for name, e in modules:
-        _remove(layout.module_dir(self.run, name, e, v))
-        _remove(layout.outer_state_dir(self.run, name, e, v))
-        _remove(layout.download_dir(self.run, name, e, v))
-        _remove(layout.published_dir(self.run, name, e, v))
-      _remove(layout.contrib_round_dir(self.run, v))
+        atomic.remove(layout.module_dir(self.run, name, e, v))
+        atomic.remove(layout.outer_state_dir(self.run, name, e, v))
+        atomic.remove(layout.download_dir(self.run, name, e, v))
+        atomic.remove(layout.published_dir(self.run, name, e, v))
+      atomic.remove(layout.contrib_round_dir(self.run, v))
       self._collected["version"] = v + 1
 
   def tick(self) -> bool:
@@ -351,22 +350,9 @@ class Coordinator:
         "rounds": self.num_rounds})
     for worker in self.leases:
       self._write_lease(worker, None, stop=True)
-    preemption.finished()
     counts = ", ".join(f"{w} {n}" for w, n in sorted(self.tasks_done.items()))
     self.log(f"done: {self.num_rounds} rounds; tasks per worker: {counts}; "
              f"{self.requeued} re-queued")
-
-
-def _remove(directory) -> None:
-  """Deletes a key: its commit marker first, so that no reader ever sees
-  a committed key with missing files."""
-  marker = directory / atomic.COMMIT_MARKER
-  link.operation("delete")
-  if marker.exists():
-    marker.unlink()
-  link.operation("delete")
-  if directory.exists():
-    directory.rmtree()
 
 
 def serve(run, poll_s: float = 0.05, timeout_s: float = 24 * 3600.0) -> None:
@@ -379,14 +365,15 @@ def serve(run, poll_s: float = 0.05, timeout_s: float = 24 * 3600.0) -> None:
   while True:
     loop.start()
     if layout.is_done(run):
-      return
+      break
     finished = coordinator.tick()
     loop.end()
     if finished:
-      return
+      break
     if time.monotonic() > deadline:
       raise TimeoutError(f"run not finished in {timeout_s:.0f} s")
     time.sleep(poll_s)
+  preemption.finished()
 
 
 def main(argv=None) -> None:

@@ -76,10 +76,7 @@ def _request_path(run, key: Key) -> epath.Path:
 def report(run, error: integrity.DamagedKeyError, role: str, log) -> Key:
   """Sets the damaged key aside and asks for it to be rebuilt; one line."""
   key = parse(run, error.key)
-  marker = error.key / atomic.COMMIT_MARKER
-  link.operation("delete")
-  if marker.exists():
-    marker.unlink()  # First: from here on no reader takes it for whole.
+  atomic.uncommit(error.key)
   link.operation("write")
   if error.key.exists():
     integrity.move_aside(error.key, epath.Path(run) / "damaged"

@@ -154,6 +154,25 @@ def commit(directory, meta: dict) -> None:
   write_json(epath.Path(directory) / COMMIT_MARKER, meta)
 
 
+def uncommit(directory) -> None:
+  """Deletes `directory`'s commit marker, before anything else in it: from
+  here on no reader takes the key for whole."""
+  marker = epath.Path(directory) / COMMIT_MARKER
+  link.operation("delete")
+  if marker.exists():
+    marker.unlink()
+
+
+def remove(directory) -> None:
+  """Deletes a key: its commit marker first, so that no reader ever sees
+  a committed key with missing files."""
+  uncommit(directory)
+  link.operation("delete")
+  directory = epath.Path(directory)
+  if directory.exists():
+    directory.rmtree()
+
+
 def is_committed(directory) -> bool:
   link.operation("exists")
   return (epath.Path(directory) / COMMIT_MARKER).exists()
