@@ -139,6 +139,19 @@
 #                         (64/4096, 136.5x): a module's change is up to
 #                         its 8 users' top-k together, so >= 100x both
 #                         ways needs uploads 8x sparser than SparseLoCo's
+# The strided codec (2026-12-01, built after that: every worker sends the
+# same eighth of the entries a round, the round's phase, 2 bits each, no
+# indices, so the download is as thin as the upload; arms fixed before the
+# run, outer averaging as SparseLoCo's, error feedback at decay 1 as every
+# entry goes out once in 8 rounds; on the 8.4M model with
+# MODEL="--config.diloco.inner_steps=15" STEPS=2250 LANES=7
+# NAMES="sparseloco_senders strided8_ef strided8_both strided8_both_decay095
+# combined_overlap2_strided8_both strided4_both"):
+#   strided8_ef           strided 1/8 up (113.8x fewer bytes), float32 down
+#   strided8_both         the same read back strided (113.8x both ways)
+#   strided8_both_decay095  strided8_both with SparseLoCo's decay 0.95
+#   combined_overlap2_strided8_both  strided8_both with overlap at tau = 2
+#   strided4_both         a quarter a round both ways (57x): the trend
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
@@ -166,6 +179,8 @@ topkc="$d.compression=topk $d.compression_topk_chunk=4096
 topk16="$d.compression=topk $d.compression_topk_chunk=4096
         $d.compression_topk_fraction=0.0625 $d.error_feedback=True
         $d.sparse_aggregate=mean"
+strided8="$d.compression=strided $d.compression_stride=8 $d.error_feedback=True
+          $d.sparse_aggregate=mean"
 declare -A ARMS=(
   [diloco_x8]=""
   [one_round_avg]="$d.delay=one_round $avg"
@@ -203,6 +218,11 @@ declare -A ARMS=(
   [combined_overlap2_topk_both]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
   [combined_overlap2_topk8x_both]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk $d.download_topk_fraction=0.125"
   [combined_overlap2_topk_both100x]="$d.delay=overlap $d.overlap_steps=2 $d.compression=topk $d.compression_topk_chunk=4096 $d.compression_topk_fraction=0.001953125 $d.error_feedback=True $d.sparse_aggregate=senders $d.error_feedback_decay=0.95 $avg $d.download_compression=topk $d.download_topk_fraction=0.015625"
+  [strided8_ef]="$strided8 $avg"
+  [strided8_both]="$strided8 $avg $d.download_compression=strided"
+  [strided8_both_decay095]="$strided8 $avg $d.download_compression=strided $d.error_feedback_decay=0.95"
+  [combined_overlap2_strided8_both]="$d.delay=overlap $d.overlap_steps=2 $strided8 $avg $d.download_compression=strided"
+  [strided4_both]="${strided8/stride=8/stride=4} $avg $d.download_compression=strided"
   [lowrank_shared20_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=20 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
 )

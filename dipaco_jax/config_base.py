@@ -182,7 +182,7 @@ def base_config() -> ml_collections.ConfigDict:
   # steps later, 1 <= tau <= H (tau = H is one_round's rule); 0 = not
   # used (only delay=overlap takes it), so no default tau is hashed.
   c.diloco.overlap_steps = 0
-  # none | int8 | int4 | e3m0 | lowrank | lowrank_shared | topk
+  # none | int8 | int4 | e3m0 | lowrank | lowrank_shared | topk | strided
   c.diloco.compression = "none"
   c.diloco.error_feedback = False  # Keep what compression drops, per worker.
   c.diloco.compression_block_size = 256  # int codes (factors too): per scale.
@@ -198,6 +198,9 @@ def base_config() -> ml_collections.ConfigDict:
   # topk per chunk (indices inside it; SparseLoCo: 4096, 12-bit); 0 = one
   # top-k over the whole leaf, 32-bit indices.
   c.diloco.compression_topk_chunk = 0
+  # strided: a round sends the entries of one phase mod this, the same on
+  # every worker (no indices; down as thin as up).
+  c.diloco.compression_stride = 8
   # SparseLoCo's accumulator e <- decay * e + delta; 1 = plain feedback.
   c.diloco.error_feedback_decay = 1.0
   # How a module's users' decoded top-k contributions are averaged: senders
@@ -209,7 +212,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.sparse_aggregate = "senders"
   # What workers read back: the modules' new versions as they are (none),
   # or each module's change since the copy the workers hold, compressed
-  # (int8 | int4 | e3m0 per block, topk per compression_topk_chunk; the
+  # (int8 | int4 | e3m0 per block, topk per compression_topk_chunk, strided
+  # at the upload's phase; the
   # copy trails the global modules by what was not yet sent, which the next
   # change carries). Delay none or overlap; no pipelined islands.
   c.diloco.download_compression = "none"

@@ -140,6 +140,8 @@ _RANGES = (
            why="the share of entries read back; 0 = the upload's"),
     _Range("diloco.compression_topk_chunk", _I, 0,
            why="entries per top-k chunk; 0 = one top-k per leaf"),
+    _Range("diloco.compression_stride", _I, 1,
+           why="strided: a round sends 1 / stride of the entries"),
     _Range("diloco.error_feedback_decay", _F, 0, 1, low_open=True,
            high_open=False, why="the residual's scale each round; 1 = keep "
            "all of it"),
@@ -178,9 +180,9 @@ _CHOICES = {
     "diloco.delay": ("none", "one_round", "naive", "lookahead", "eager",
                      "overlap"),
     "diloco.compression": ("none", "int8", "int4", "e3m0", "lowrank",
-                           "lowrank_shared", "topk"),
+                           "lowrank_shared", "topk", "strided"),
     "diloco.download_compression": ("none", "int8", "int4", "e3m0",
-                                    "topk"),
+                                    "topk", "strided"),
     "diloco.sparse_aggregate": ("mean", "senders"),
     "diloco.preset": ("", "streaming", "dilocox", "sparseloco"),
 }

@@ -34,6 +34,9 @@ SPECS = {
     "topk": Spec("topk", topk_fraction=0.2),
     # Chunks of 8 (3-bit indices), 2 kept per chunk; 35 values pad a chunk.
     "topk_chunk": Spec("topk", topk_fraction=0.25, topk_chunk=8),
+    # A third of the entries a round, blocks of 4: 35 values pad the last
+    # row of 3 and the last block.
+    "strided": Spec("strided", stride=3, block_size=4),
 }
 ALL = sorted(SPECS)
 
@@ -138,6 +141,51 @@ def test_chunked_topk_golden():
   np.testing.assert_array_equal(payload["idx"], [[1, 2, 5], [7, 6, 2]])
   # 6 indices of 3 bits (3 B) + 6 codes of 2 bits (2 B) + 2 x 2 scales.
   assert float(codec.payload_bytes(payload, (16,))) == 3 + 2 + 16
+
+
+def test_strided_golden():
+  codec = _codec("strided", stride=3, block_size=4)
+  # Rows of 3 (the last padded with two zeros): [1, -2, 3], [0.5, -4, 6],
+  # [0, 8, -1], [2, 0, 0]; round r sends column r mod 3, one block of 4.
+  x = np.array([1, -2, 3, 0.5, -4, 6, 0, 8, -1, 2], np.float32)
+  state = codec.init_state(x)
+  sent = []
+  for _ in range(4):
+    payload, state = codec.encode(x, state)
+    sent.append(np.asarray(codec.decode(payload, x.shape)))
+    assert float(codec.payload_bytes(payload, x.shape)) == 1 + 8 + 4
+  # Round 0, column [1, 0.5, 0, 2]: mean |x| 0.875; above it 1, 2 -> 1.5,
+  # the rest 0.5, 0 -> 0.25 (a zero codes as +small).
+  np.testing.assert_allclose(sent[0], [1.5, 0, 0, 0.25, 0, 0, 0.25, 0, 0,
+                                       1.5])
+  # Round 1, column [-2, -4, 8, 0 (padding)]: mean 3.5; large -4, 8 -> 6,
+  # small -2, 0 -> 1; the padding's entry (index 10) is not in the leaf.
+  np.testing.assert_allclose(sent[1], [0, -1, 0, 0, -6, 0, 0, 6, 0, 0])
+  # Round 2, column [3, 6, -1, 0]: mean 2.5; large 3, 6 -> 4.5, small 0.5.
+  np.testing.assert_allclose(sent[2], [0, 0, 4.5, 0, 0, 4.5, 0, 0, -0.5, 0])
+  # Round 3 is round 0's phase again.
+  np.testing.assert_array_equal(sent[3], sent[0])
+  assert int(state["round"]) == 4
+
+
+def test_strided_workers_share_each_rounds_entries_and_cover_the_leaf():
+  # The phase is the round's, not the data's: every worker sends the same
+  # entries, so a module's users' mean has one worker's support, and
+  # `stride` rounds cover every entry once.
+  codec = _codec("strided", stride=4, block_size=8)
+  rng = np.random.default_rng(9)
+  contribs = {"w": rng.standard_normal((3, 6, 5)).astype(np.float32)}
+  states = compress_apply.init_states(codec, contribs)
+  step = jax.jit(lambda c, s: compress_apply.compress_tree(codec, c, None, s))
+  covered = np.zeros((6, 5), int)
+  for _ in range(4):
+    sent, _, states, bytes_w = step(contribs, states)
+    support = np.asarray(sent["w"]) != 0
+    assert (support == support[0]).all()
+    covered += support[0]
+    # ceil(30 / 4) = 8 entries: 2 bytes of codes + one block + the phase.
+    np.testing.assert_array_equal(bytes_w, [2 + 8 + 4] * 3)
+  np.testing.assert_array_equal(covered, 1)
 
 
 def test_chunked_topk_at_sparseloco_settings_sends_136x_fewer_bytes():
@@ -335,6 +383,10 @@ def test_payload_bytes_ratios():
   assert 7.7 < 4 * n / nbytes("int4", block_size=256) < 8
   # topk 1%: k = round(40.96) = 41 indices (4 B) + ceil(41 / 4) B + 2 scales.
   assert nbytes("topk", topk_fraction=0.01) == 41 * 4 + 11 + 8
+  # strided 1/8 in blocks of 256: 2 bits a sent entry + 2 float32 scales
+  # per block + the phase: 113.8x fewer.
+  assert nbytes("strided", stride=8, block_size=256) == 512 // 4 + 2 * 8 + 4
+  assert 110 < 4 * n / nbytes("strided", stride=8, block_size=256) < 115
   # lowrank at energy 1: the full width, (m + n) r floats + the rank.
   assert nbytes("lowrank", rank_max=8, energy=1.0) == (64 + 64) * 8 * 4 + 4
 

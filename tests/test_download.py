@@ -135,6 +135,37 @@ def test_topk_downloads_read_their_own_share():
                                  download_topk_fraction=0.5), 8)
 
 
+def test_strided_both_ways_by_hand():
+  # compression=strided up (error feedback) and down, stride 2, one block
+  # of 4 per phase: round r sends and reads back the entries of phase
+  # r mod 2 (even, then odd indices) on both ends. Each worker's even
+  # entries take two magnitudes (sent exactly); their odd ones wait in its
+  # residual for round 1; what the download's 2 bits dropped of the even
+  # entries waits in g - p for round 2.
+  spec = compress.CompressionSpec(name="strided", stride=2, block_size=4,
+                                  error_feedback=True)
+  comms = {"s": comm_lib.SlotComm(spec=spec, download="strided")}
+  outer, inner = _start(comms, 2, 8)
+  x = jnp.array([[1, 9, -1, 9, 3, 9, -3, 9], [3, 9, 1, 9, -1, 9, 3, 9]])
+  # Round 0: c = 0 - x; g = the workers' even entries' mean [2, 0, 1, 0],
+  # read back as 1.5 (the two above the mean |.| 0.75), 0, 1.5, 0.
+  # Round 1 (nobody moves): the odd entries' 9s from the residuals, sent
+  # and read back exactly. Round 2: g - p's even entries 0.5, 0, -0.5, 0.
+  want = [([2, 0, 0, 0, 1, 0, 0, 0], [1.5, 0, 0, 0, 1.5, 0, 0, 0]),
+          ([2, 9, 0, 9, 1, 9, 0, 9], [1.5, 9, 0, 9, 1.5, 9, 0, 9]),
+          ([2, 9, 0, 9, 1, 9, 0, 9], [2, 9, 0, 9, 1, 9, 0, 9])]
+  for g, p in want:
+    outer, inner = _outer_step(comms, outer, inner, x)
+    np.testing.assert_allclose(outer["params"]["s"]["w"], [g], atol=1e-6)
+    np.testing.assert_allclose(outer["published"]["s"]["w"], [p], atol=1e-6)
+    np.testing.assert_allclose(inner["params"]["s"]["w"], [p] * 2, atol=1e-6)
+    # 4 entries of 2 bits, two float32 magnitudes and the phase, each way.
+    np.testing.assert_array_equal(inner["sent_bytes_W"], [13.0, 13.0])
+    np.testing.assert_array_equal(inner["recv_bytes_W"], [13.0, 13.0])
+    x = inner["params"]["s"]["w"]
+  assert int(outer["published_state"]["s"]["w"]["round"][0]) == 3
+
+
 def test_int4_downloads_with_overlap_by_hand():
   # delay=overlap: the apply, tau steps after the handover, reads the
   # workers' copy in the global's place: x <- x + (p - h), a <- p.
@@ -219,11 +250,16 @@ def test_compressed_downloads_resume_exactly_and_log_their_bytes(tmp_path):
     assert f32 / 8 < want < f32 / 7
 
 
-def test_compressed_downloads_with_overlap_resume_exactly(tmp_path):
+@pytest.mark.parametrize("codec", ["int4", "strided"])
+def test_compressed_downloads_with_overlap_resume_exactly(tmp_path, codec):
   # tau = 1 of H = 2: the checkpoint of step 4 holds round 1 in flight,
-  # its apply (and download) at step 5, after the kill.
+  # its apply (and download) at step 5, after the kill. strided both ways
+  # with error feedback: the rounds its phases count, up and down, resume
+  # too.
+  strided = (dict(compression="strided", compression_stride=2,
+                  error_feedback=True) if codec == "strided" else {})
   config = _config(delay="overlap", overlap_steps=1,
-                   download_compression="int4")
+                   download_compression=codec, **strided)
   state = testing.assert_resume_is_exact(functools.partial(_train, config),
                                          tmp_path, die_after=5,
                                          resumed_from=4)

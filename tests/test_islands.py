@@ -207,9 +207,11 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
 
 
 # Delay none takes overlap's reads without the prefetch thread; it runs
-# top-k both ways (the sparse aggregate up), the >= 100x arm's codecs.
+# top-k both ways (the sparse aggregate up). strided both ways: the
+# executors' download phase is their round's, the workers' upload phase
+# their carried round count's; they must agree with the SPMD run's.
 @pytest.mark.parametrize("delay,tau,codec", [
-    ("overlap", 1, "int4"), ("none", 0, "topk")])
+    ("overlap", 1, "int4"), ("none", 0, "topk"), ("overlap", 1, "strided")])
 def test_compressed_downloads_on_islands_equal_the_spmd_simulation(
     tmp_path, monkeypatch, delay, tau, codec):
   # diloco.download_compression for real (islands/downloads.py): the
@@ -225,6 +227,8 @@ def test_compressed_downloads_on_islands_equal_the_spmd_simulation(
                   compression_topk_fraction=0.05, compression_topk_chunk=64,
                   sparse_aggregate="senders", download_compression=codec,
                   download_topk_fraction=0.1 if codec == "topk" else 0.0)
+  if codec == "strided":
+    settings.update(compression_stride=2, sparse_aggregate="mean")
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
   spmd = jax.device_get(exp.train().state["outer"]["params"])
   reads = []

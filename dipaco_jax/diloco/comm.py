@@ -10,7 +10,7 @@ A selector is a slot's name or its kind (shared | level | private); a slot
 takes the settings of its name, else of its kind, else the defaults. Keys:
 delay, compression, error_feedback, error_feedback_decay, sparse_aggregate,
 and the compression_* knobs without their prefix (block_size, rank_min,
-rank_max, energy, factor_bits, topk_fraction, topk_chunk).
+rank_max, energy, factor_bits, topk_fraction, topk_chunk, stride).
 """
 
 import dataclasses
@@ -46,14 +46,14 @@ class SlotComm:
 
   @property
   def download_spec(self) -> compress.CompressionSpec:
-    """The download codec's spec, with the slot's block size and top-k
-    chunk (a per_slot `block_size` or `topk_chunk` sets both directions'),
-    and its own top-k share, else the upload's. No error feedback: what it
-    drops stays in g - p."""
+    """The download codec's spec, with the slot's block size, top-k chunk
+    and stride (a per_slot `block_size`, `topk_chunk` or `stride` sets
+    both directions'), and its own top-k share, else the upload's. No
+    error feedback: what it drops stays in g - p."""
     return compress.CompressionSpec(
         name=self.download, block_size=self.spec.block_size,
         topk_fraction=self.download_topk_fraction or self.spec.topk_fraction,
-        topk_chunk=self.spec.topk_chunk)
+        topk_chunk=self.spec.topk_chunk, stride=self.spec.stride)
 
   @property
   def delayed(self) -> bool:
@@ -65,6 +65,7 @@ _SPEC_KEYS = {"compression": "name", "error_feedback": "error_feedback",
               "rank_max": "rank_max", "energy": "energy",
               "factor_bits": "factor_bits",
               "topk_fraction": "topk_fraction", "topk_chunk": "topk_chunk",
+              "stride": "stride",
               "error_feedback_decay": "feedback_decay",
               "sparse_aggregate": "aggregate"}
 

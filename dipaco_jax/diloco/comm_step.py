@@ -111,6 +111,7 @@ Everything lives in the state, so a checkpoint holds the round in flight:
   outer.pending        {slot: [K, ...]}  the mixed pseudo-gradient in flight
   outer.pending_users  {slot: [K]}       its weighted users per module
   outer.has_pending    int32             1 once a round is in flight
+  outer.published_state {slot: ...}     a stateful download codec's state
   outer.published      {slot: [K, ...]}  compressed downloads: the
                                          workers' copy of the modules
   inner.recv_bytes_W   [W]               its payload bytes, read per worker
@@ -123,7 +124,7 @@ import optax
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import compress_apply
 from dipaco_jax.diloco import compress_shared
-from dipaco_jax.diloco import download
+from dipaco_jax.diloco import download as download_lib
 from dipaco_jax.diloco import outer as outer_lib
 
 
@@ -178,10 +179,8 @@ def init_extra(comms: dict, inner_params: dict, bank: dict,
                                 inner_params[n]) for n in stateful}
   if not all(c.plain for c in comms.values()):
     inner["sent_bytes_W"] = jnp.zeros((num_workers,), jnp.float32)
-  download = [n for n, c in comms.items() if c.download != "none"]
-  if download:  # The workers' copy starts equal to the global modules.
-    outer["published"] = {n: jax.tree.map(jnp.copy, bank[n])
-                          for n in download}
+  outer.update(download_lib.init_outer(comms, bank))
+  if "published" in outer:
     inner["recv_bytes_W"] = jnp.zeros((num_workers,), jnp.float32)
   return inner, outer
 
@@ -258,8 +257,8 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
       b, o = _optimize(tx, bank, opt_state, name, delta_K, users[s] > 0)
       copy_K = b
       if name in published:
-        copy_K, recv_K = download.publish(comm, published[name], b)
-        new_outer["published"][name] = copy_K
+        copy_K, recv_K = download_lib.publish_slot(outer, new_outer, comm,
+                                                   name, b)
         recv_W = recv_W + recv_K[assignment_WxS[:, s]]
       new_inner["params"][name] = _gather(copy_K, assignment_WxS, s)
     else:

@@ -17,6 +17,8 @@ leaf into a payload of a few arrays:
   topk     SparseLoCo: the k largest |x|, each as 2 bits (sign, and which of
            two per-leaf magnitudes); with topk_chunk > 0, per chunk of that
            many entries, indices inside the chunk (compress_topk.py).
+  strided  the round's 1 / stride of the entries, the same on every worker,
+           2 bits each, no indices (compress_strided.py).
 
 With error feedback a worker keeps what its codec lost (the residual) and
 adds it to its next contribution, so nothing is lost for good: after R
@@ -42,13 +44,12 @@ import numpy as np
 
 from dipaco_jax.diloco import compress_lowrank as lowrank
 from dipaco_jax.diloco import compress_spec
+from dipaco_jax.diloco import compress_strided
 from dipaco_jax.diloco import compress_topk
 
-NAMES = ("none", "int8", "int4", "e3m0", "lowrank", "lowrank_shared",
-         "topk")
+NAMES = compress_spec.NAMES
 
-# The spec lives apart (what the config says); compress.CompressionSpec
-# and compress.spec_from_config are its names here too.
+# The spec lives apart (what the config says), under these names here too.
 CompressionSpec = compress_spec.CompressionSpec
 spec_from_config = compress_spec.spec_from_config
 
@@ -294,6 +295,41 @@ class _ChunkedTopKCodec(Codec):
             "code": code.astype(np.uint8).reshape(m, k)}
 
 
+class _StridedCodec(Codec):
+  """The round's 1 / stride of the entries (compress_strided.py). State: the
+  round's index, the same on every worker (each encode is a round)."""
+  stateful = True
+
+  def init_state(self, x):
+    del x
+    return {"round": jnp.zeros((), jnp.int32)}
+
+  def encode(self, x, state):
+    phase = state["round"] % self.spec.stride
+    return (compress_strided.encode(_flat(x), self.spec.stride,
+                                    self.spec.block_size, phase),
+            {"round": state["round"] + 1})
+
+  def decode(self, payload, shape):
+    return compress_strided.decode(payload, _size(shape), self.spec.stride,
+                                   self.spec.block_size).reshape(shape)
+
+  def payload_bytes(self, payload, shape):
+    return jnp.float32(compress_strided.payload_bytes(
+        _size(shape), self.spec.stride, self.spec.block_size))
+
+  def trim(self, payload):
+    trimmed = super().trim(payload)
+    trimmed["code"] = compress_topk.pack_bits(trimmed["code"], 2)
+    return trimmed
+
+  def untrim(self, trimmed, shape):
+    m, _ = compress_strided.layout(_size(shape), self.spec.stride,
+                                   self.spec.block_size)
+    return {**trimmed, "code": compress_topk.unpack_bits(
+        trimmed["code"], 2, m).astype(np.uint8)}
+
+
 class _LowRankCodec(Codec):
   """PowerSGD with an adaptive rank; its functions are in compress_lowrank.py.
   State: the warm start, per leaf of ndim >= 2. With factor_bits, each
@@ -350,29 +386,15 @@ class _SharedLowRankCodec(_LowRankCodec):
 
 _CODECS = {"none": Codec, "int8": _IntCodec, "int4": _Int4Codec,
            "e3m0": _E3M0Codec, "lowrank": _LowRankCodec,
-           "lowrank_shared": _SharedLowRankCodec, "topk": _TopKCodec}
+           "lowrank_shared": _SharedLowRankCodec, "topk": _TopKCodec,
+           "strided": _StridedCodec}
 
 
 def make_codec(spec: CompressionSpec) -> Codec:
   """The codec of `spec`, or a clear error for a bad spec."""
   if spec.name not in _CODECS:
     raise ValueError(f"compression: unknown {spec.name!r}, not in {NAMES}")
-  if spec.block_size < 1:
-    raise ValueError(f"block_size must be >= 1 (got {spec.block_size})")
-  if not 1 <= spec.rank_min <= spec.rank_max:
-    raise ValueError(f"rank_min ({spec.rank_min}) must be in [1, rank_max "
-                     f"({spec.rank_max})]")
-  if not (0 < spec.energy <= 1 and 0 < spec.topk_fraction <= 1):
-    raise ValueError(f"energy ({spec.energy}) and topk_fraction "
-                     f"({spec.topk_fraction}) must be in (0, 1]")
-  if spec.factor_bits not in (0, 4, 8):
-    raise ValueError(f"factor_bits must be 0 (float32), 8 or 4 (got "
-                     f"{spec.factor_bits})")
-  if spec.topk_chunk < 0:
-    raise ValueError(f"topk_chunk must be >= 0 (got {spec.topk_chunk})")
-  if not 0 < spec.feedback_decay <= 1:
-    raise ValueError(f"error_feedback_decay must be in (0, 1] (got "
-                     f"{spec.feedback_decay})")
+  compress_spec.check(spec)
   if spec.name == "topk" and spec.topk_chunk:
     return _ChunkedTopKCodec(spec)
   return _CODECS[spec.name](spec)

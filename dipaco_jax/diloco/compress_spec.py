@@ -3,6 +3,9 @@ value (a static argument of the jitted codecs in compress.py)."""
 
 import dataclasses
 
+NAMES = ("none", "int8", "int4", "e3m0", "lowrank", "lowrank_shared", "topk",
+         "strided")
+
 
 @dataclasses.dataclass(frozen=True)
 class CompressionSpec:
@@ -18,6 +21,7 @@ class CompressionSpec:
   factor_bits: int = 0          # lowrank: 0 = float32 factors; 8 or 4 = int
   topk_fraction: float = 0.01   # topk: share of entries kept (at least 1)
   topk_chunk: int = 0           # topk: entries per chunk; 0 = whole leaf
+  stride: int = 8               # strided: a round sends 1 / stride
   feedback_decay: float = 1.0   # error feedback: residual scale, (0, 1]
   aggregate: str = "mean"       # mean | senders (outer.mix); config's
                                 # default: senders, top-k only (comm.py)
@@ -37,5 +41,27 @@ def spec_from_config(diloco_config) -> CompressionSpec:
       factor_bits=int(get("compression_factor_bits", d.factor_bits)),
       topk_fraction=float(get("compression_topk_fraction", d.topk_fraction)),
       topk_chunk=int(get("compression_topk_chunk", d.topk_chunk)),
+      stride=int(get("compression_stride", d.stride)),
       feedback_decay=float(get("error_feedback_decay", d.feedback_decay)),
       aggregate=str(get("sparse_aggregate", d.aggregate)))
+
+
+def check(spec: CompressionSpec) -> None:
+  """Raises ValueError naming the knob of `spec` that is out of range."""
+  if spec.block_size < 1:
+    raise ValueError(f"block_size must be >= 1 (got {spec.block_size})")
+  if not 1 <= spec.rank_min <= spec.rank_max:
+    raise ValueError(f"rank_min ({spec.rank_min}) must be in [1, rank_max "
+                     f"({spec.rank_max})]")
+  if not (0 < spec.energy <= 1 and 0 < spec.topk_fraction <= 1):
+    raise ValueError(f"energy ({spec.energy}) and topk_fraction "
+                     f"({spec.topk_fraction}) must be in (0, 1]")
+  if spec.factor_bits not in (0, 4, 8):
+    raise ValueError(f"factor_bits must be 0 (float32), 8 or 4 (got "
+                     f"{spec.factor_bits})")
+  if spec.topk_chunk < 0 or spec.stride < 1:
+    raise ValueError(f"topk_chunk ({spec.topk_chunk}) must be >= 0 and "
+                     f"stride ({spec.stride}) >= 1")
+  if not 0 < spec.feedback_decay <= 1:
+    raise ValueError(f"error_feedback_decay must be in (0, 1] (got "
+                     f"{spec.feedback_decay})")

@@ -61,10 +61,13 @@ def apply(outer: dict, inner: dict, tx, *, assignment_WxS, slot_names,
         outer["pending"][name], outer["pending_users"][name] > 0)
     read_K = b
     if name in published:
-      read_K, recv_K = download.publish(comms[name], published[name], b)
-      new_outer["published"][name] = jax.tree.map(
-          lambda n, old: jnp.where(has_pending, n, old), read_K,
-          published[name])
+      read_K, recv_K = download.publish_slot(outer, new_outer, comms[name],
+                                             name, b)
+      for part in ("published", "published_state"):
+        if name in outer.get(part, {}):
+          new_outer[part][name] = jax.tree.map(
+              lambda n, old: jnp.where(has_pending, n, old),
+              new_outer[part][name], outer[part][name])
       recv_W = recv_W + recv_K[assignment_WxS[:, s]]
     global_W = jax.tree.map(lambda g: g[assignment_WxS[:, s]], read_K)
     x_W = inner["params"][name]

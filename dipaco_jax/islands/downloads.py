@@ -57,15 +57,18 @@ class Downloads:
   def compressed(self, slot: str) -> bool:
     return slot in self.codecs
 
-  def publish(self, slot: str, params, copy):
+  def publish(self, slot: str, params, copy, round_index: int):
     """(the change g - p compressed, trimmed for the store; the new copy
-    p + C(g - p)): a module's next version, on the host."""
+    p + C(g - p)): a module's next version, made from round
+    `round_index`, on the host. A stateful download codec's state is the
+    round's (strided's phase; the SPMD runtime counts its publishes)."""
     codec = self.codecs[slot]
     with jax.default_device(jax.devices("cpu")[0]):
+      state = ({"round": jnp.int32(round_index)} if codec.stateful else None)
       trimmed = jax.tree.map(
           lambda g, p: codec.trim(jax.device_get(compress_apply.compress_leaf(
               codec, jnp.asarray(np.asarray(g, np.float32) - p), None,
-              None)[3])), params, copy)
+              state)[3])), params, copy)
     return trimmed, self.apply(slot, copy, trimmed)
 
   def apply(self, slot: str, copy, trimmed):

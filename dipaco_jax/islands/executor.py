@@ -258,7 +258,7 @@ class Executor:
     if copy is None:  # Restarted: the copy of version r as it was written.
       copy = self.downloads.whole(self.run, unit, e, r, params_like,
                                   self.meter, r)
-    trimmed, copy = self.downloads.publish(name, params, copy)
+    trimmed, copy = self.downloads.publish(name, params, copy, r)
     for key, tree in ((layout.download_dir(self.run, unit, e, r + 1),
                        trimmed),
                       (layout.published_dir(self.run, unit, e, r + 1), copy)):

@@ -99,6 +99,7 @@ _COMM_FIELDS = ("delay", "compression", "error_feedback",
                 "compression_rank_max", "compression_energy",
                 "compression_factor_bits",
                 "compression_topk_fraction", "compression_topk_chunk",
+                "compression_stride",
                 "sparse_aggregate",
                 "error_feedback_decay", "per_slot", "overlap_steps",
                 "preset")

@@ -166,8 +166,7 @@ class Runtime:
     (`diloco.comm_step`): per-worker trees like the workers' parameters,
     the pending pseudo-gradients like the bank."""
     inner, outer = abstract["inner"], abstract["outer"]
-    inner_sh = self.state_shardings["inner"]
-    outer_sh = self.state_shardings["outer"]
+    inner_sh, outer_sh = (self.state_shardings[k] for k in ("inner", "outer"))
     for key in ("anchor", "residual", "prev_sent", "handover"):
       if key in inner:
         inner_sh[key] = {n: self.inner_param_shardings[n]
@@ -188,6 +187,9 @@ class Runtime:
     if "published" in outer:  # The workers' copy of the bank.
       outer_sh["published"] = {n: self.bank_shardings[n]
                                for n in outer["published"]}
+    if "published_state" in outer:  # Scalars (strided's round) per module.
+      outer_sh["published_state"] = jax.tree.map(lambda _: replicated,
+                                                 outer["published_state"])
     if "pending" in outer:
       outer_sh["pending"] = {n: self.bank_shardings[n]
                              for n in outer["pending"]}
