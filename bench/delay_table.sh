@@ -13,6 +13,12 @@
 # outer-lr sweeps at H = 50, not from this table's validation numbers):
 # m{2,8}_one_round_lr1 (outer lr 1.0) and m{2,8}_eager_lr035 (outer lr
 # 0.35), with NAMES="m2_none m8_none m2_one_round_lr1 ...".
+# The 42M and 126M models at M = 2 (2026-12-01, MODEL and MAX_CHARS=400000000
+# of bench/comm_sweep.sh's 42M and 126M runs; at 126M with
+# --config.ckpt.every=2250 --config.ckpt.keep=1): NAMES="m2_none m2_naive
+# m2_one_round m2_eager m2_eager_lr035" at 42M, "m2_none m2_eager_lr035" at
+# 126M; then m2_none_lr035 (no delay at eager's outer lr 0.35, after no
+# delay at lr 0.7 trailed eager at 126M) at 42M, alone in a call.
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
@@ -38,6 +44,7 @@ for m in 2 8; do
   ARMS[m${m}_eager]="$r $d.delay=eager"
   ARMS[m${m}_one_round_lr1]="$r $d.delay=one_round $d.outer_lr=1.0"
   ARMS[m${m}_eager_lr035]="$r $d.delay=eager $d.outer_lr=0.35"
+  ARMS[m${m}_none_lr035]="$r $d.outer_lr=0.35"
 done
 # shellcheck disable=SC2086
 base=_stages run_lanes ${NAMES:-m2_none m2_naive m2_one_round m2_eager \

@@ -46,6 +46,12 @@
 # bench/delay_table.sh, and eager at half that lr (2026-12-01):
 #   REPLICAS=2 NAMES="plain_nesterov eager_nesterov eager_nesterov_lr035
 #   naive_nesterov" bash bench/sparse_aggregate_toy.sh OUT
+# The strided codec both ways after it cost +207% on the 8.4M GPU model
+# (2026-12-01): with error feedback at decay 1 and without any (a worker's
+# progress on the entries of other phases is then dropped each round), to
+# see whether the feedback's repeats of the same stale progress are the
+# cost; top-k over its senders beside them:
+#   NAMES="topk_senders strided8_both strided8_both_noef" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -78,6 +84,7 @@ run() {  # NAME FLAGS...
   sed -n '/^Validation/,+5p' "$out/$name.log" | tail -2
 }
 senders=("${topk[@]}" --config.diloco.sparse_aggregate=senders)
+strided8="--config.diloco.compression=strided --config.diloco.compression_stride=8 --config.diloco.error_feedback=True --config.diloco.sparse_aggregate=mean"
 topk2x="${senders[*]} --config.diloco.compression_topk_fraction=0.03125"
 down=(--config.diloco.download_compression=topk)
 down8x="${down[*]} --config.diloco.download_topk_fraction=0.125"
@@ -105,6 +112,8 @@ declare -A ARMS=(
   [topk_senders_lr14]="${senders[*]} $lr14"
   [combined_topk2x_lr14]="$topk2x $lr14 $overlap1 $down8x"
   [combined_topk2x]="$topk2x $overlap1 $down8x"
+  [strided8_both]="$strided8 --config.diloco.download_compression=strided"
+  [strided8_both_noef]="$strided8 --config.diloco.download_compression=strided --config.diloco.error_feedback=False"
   [combined_topk4x]="${senders[*]} $overlap1 ${down[*]} --config.diloco.download_topk_fraction=0.0625"
 )
 run "$base"

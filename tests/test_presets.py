@@ -91,6 +91,12 @@ def test_warnings_name_what_was_measured_to_do_badly():
       _config(compression="lowrank", error_feedback=True))[0]
   assert "+130%" in presets.warnings(
       _config(compression="lowrank_shared", error_feedback=True))[0]
+  # strided, either way, once: its cost is the codec's, not the outer step's.
+  for strided in (dict(compression="strided", error_feedback=True),
+                  dict(download_compression="strided"),
+                  dict(compression="strided", download_compression="strided")):
+    assert ["+207%" in w for w in presets.warnings(
+        _config(**strided, **averaging))] == [True], strided
   # Top-k downloads thinner than a module's users' top-k together: the
   # tiny DiPaCo 2x2's shared module has 4 users.
   both = _config(compression="topk", error_feedback=True,

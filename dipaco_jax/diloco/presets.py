@@ -144,6 +144,11 @@ def warnings(config) -> list[str]:
                "(8.4M, 150 rounds) and +214% over 30 rounds: a round's "
                "change is only mildly low rank (an eighth of its rank holds "
                "half of it); use topk (diloco.preset=sparseloco).")
+  if "strided" in codecs or any(c.download == "strided" for c in comms):
+    out.append("compression strided cost +207% at 113.8x fewer bytes both "
+               "ways (8.4M, 150 rounds): a round needs each worker's own "
+               "largest entries, not a share fixed in advance; use topk "
+               "(diloco.preset=sparseloco).")
   topology = paths_lib.topology_from_config(config)
   is_dipaco = any(slot.num_experts > 1 for slot in topology.slots)
   if is_dipaco and nesterov and d.inner_steps <= 15:
