@@ -213,9 +213,9 @@ def base_config() -> ml_collections.ConfigDict:
   # What workers read back: the modules' new versions as they are (none),
   # or each module's change since the copy the workers hold, compressed
   # (int8 | int4 | e3m0 per block, topk per compression_topk_chunk, strided
-  # at the upload's phase; the
-  # copy trails the global modules by what was not yet sent, which the next
-  # change carries). Delay none or overlap; no pipelined islands.
+  # at the upload's phase; the copy trails the global modules by what was
+  # not yet sent, which the next change carries). Delay none or overlap; no
+  # pipelined islands.
   c.diloco.download_compression = "none"
   c.diloco.download_topk_fraction = 0.0  # topk down's share; 0 = upload's.
   # Per-slot overrides "SELECTOR=key:value+key:value;..." by a slot's name

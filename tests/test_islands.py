@@ -585,9 +585,11 @@ def test_pipelined_islands_store_stages_and_equal_the_spmd_runtime(
 def test_islands_refuse_codecs_that_need_a_whole_pipelined_leaf():
   config = testing.tiny_config("2x2", inner_steps=2, num_steps=4)
   config.pipeline.stages = config.pipeline.microbatches = 2
-  config.diloco.compression = "lowrank"
-  with pytest.raises(UserError, match="config.diloco.compression/pipeline"):
-    launcher.check_config(config)
+  for whole_leaf in ("lowrank", "strided"):
+    config.diloco.compression = whole_leaf
+    with pytest.raises(UserError, match="compression/pipeline.stages: .* "
+                       f"and {whole_leaf} needs the whole leaf"):
+      launcher.check_config(config)
   config.diloco.compression = "int4"  # Norm scales: 32 values per stage.
   config.diloco.compression_block_size = 64
   with pytest.raises(UserError, match="compression_block_size/pipeline"):

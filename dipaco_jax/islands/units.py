@@ -151,14 +151,15 @@ def check_codecs(config) -> None:
     spec = comms[slot.name].spec
     if spec.name == "none":
       continue  # Elementwise (error feedback included).
-    if spec.name == "lowrank" or (spec.name == "topk"
-                                  and not spec.topk_chunk):
+    if spec.name in ("lowrank", "strided") or (spec.name == "topk"
+                                               and not spec.topk_chunk):
+      what = (f"{spec.name} without compression_topk_chunk"
+              if spec.name == "topk" else spec.name)
       raise UserError(
           f"config.diloco.compression/pipeline.stages: islands compress "
           f"each of the {stages} stages' share of slot {slot.name} alone, "
-          f"and {spec.name} (without compression_topk_chunk) needs the "
-          "whole leaf; use int8/int4/e3m0, chunked topk, or "
-          "pipeline.stages=1.")
+          f"and {what} needs the whole leaf; use int8/int4/e3m0, chunked "
+          "topk, or pipeline.stages=1.")
     unit, field = ((spec.topk_chunk, "compression_topk_chunk")
                    if spec.name == "topk" else
                    (spec.block_size, "compression_block_size"))
