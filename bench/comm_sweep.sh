@@ -146,7 +146,8 @@
 # entry goes out once in 8 rounds; on the 8.4M model with
 # MODEL="--config.diloco.inner_steps=15" STEPS=2250 LANES=7
 # NAMES="sparseloco_senders strided8_ef strided8_both strided8_both_decay095
-# combined_overlap2_strided8_both strided4_both"):
+# combined_overlap2_strided8_both strided4_both"; seven lanes of the 8.4M
+# model do not fit one H200: three of them stopped out of memory, four ran):
 #   strided8_ef           strided 1/8 up (113.8x fewer bytes), float32 down
 #   strided8_both         the same read back strided (113.8x both ways)
 #   strided8_both_decay095  strided8_both with SparseLoCo's decay 0.95
