@@ -198,24 +198,20 @@ def base_config() -> ml_collections.ConfigDict:
   # topk per chunk (indices inside it; SparseLoCo: 4096, 12-bit); 0 = one
   # top-k over the whole leaf, 32-bit indices.
   c.diloco.compression_topk_chunk = 0
-  # strided: a round sends the entries of one phase mod this, the same on
-  # every worker (no indices; down as thin as up).
-  c.diloco.compression_stride = 8
+  c.diloco.compression_stride = 8  # strided: 1 / stride of entries a round.
   # SparseLoCo's accumulator e <- decay * e + delta; 1 = plain feedback.
   c.diloco.error_feedback_decay = 1.0
   # How a module's users' decoded top-k contributions are averaged: senders
   # (each coordinate over the users that sent it, SparseLoCo's reference
   # aggregation) | mean (every user, its zeros included). Other codecs
-  # always take the mean. Measured: DiLoCo x8 with 136x fewer bytes,
-  # +22.65% at 8.4M and +10.50% at 42M against mean's +200.16% and +73.08%
-  # (docs/communication.md).
+  # always take the mean. Measured (DiLoCo x8, 136x fewer bytes): +22.65% /
+  # +10.50% at 8.4M / 42M against mean's +200.16% / +73.08%.
   c.diloco.sparse_aggregate = "senders"
-  # What workers read back: the modules' new versions as they are (none),
-  # or each module's change since the copy the workers hold, compressed
-  # (int8 | int4 | e3m0 per block, topk per compression_topk_chunk, strided
-  # at the upload's phase; the copy trails the global modules by what was
-  # not yet sent, which the next change carries). Delay none or overlap; no
-  # pipelined islands.
+  # What workers read back: the modules' new versions (none), or each
+  # module's change since the workers' copy, compressed (int8 | int4 | e3m0
+  # per block, topk per compression_topk_chunk, strided at the upload's
+  # phase; what is not yet sent goes with the next change). Delay none or
+  # overlap; no pipelined islands.
   c.diloco.download_compression = "none"
   c.diloco.download_topk_fraction = 0.0  # topk down's share; 0 = upload's.
   # Per-slot overrides "SELECTOR=key:value+key:value;..." by a slot's name

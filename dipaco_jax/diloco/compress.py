@@ -49,7 +49,6 @@ from dipaco_jax.diloco import compress_topk
 
 NAMES = compress_spec.NAMES
 
-# The spec lives apart (what the config says), under these names here too.
 CompressionSpec = compress_spec.CompressionSpec
 spec_from_config = compress_spec.spec_from_config
 
@@ -296,19 +295,21 @@ class _ChunkedTopKCodec(Codec):
 
 
 class _StridedCodec(Codec):
-  """The round's 1 / stride of the entries (compress_strided.py). State: the
-  round's index, the same on every worker (each encode is a round)."""
+  """compress_strided.py. State: the round, alike on every worker."""
   stateful = True
 
   def init_state(self, x):
     del x
-    return {"round": jnp.zeros((), jnp.int32)}
+    return self.state_at_round(0)
+
+  def state_at_round(self, round_index):  # An island executor's round.
+    return {"round": jnp.asarray(round_index, jnp.int32)}
 
   def encode(self, x, state):
     phase = state["round"] % self.spec.stride
     return (compress_strided.encode(_flat(x), self.spec.stride,
                                     self.spec.block_size, phase),
-            {"round": state["round"] + 1})
+            self.state_at_round(state["round"] + 1))
 
   def decode(self, payload, shape):
     return compress_strided.decode(payload, _size(shape), self.spec.stride,
@@ -319,9 +320,8 @@ class _StridedCodec(Codec):
         _size(shape), self.spec.stride, self.spec.block_size))
 
   def trim(self, payload):
-    trimmed = super().trim(payload)
-    trimmed["code"] = compress_topk.pack_bits(trimmed["code"], 2)
-    return trimmed
+    return {**super().trim(payload),
+            "code": compress_topk.pack_bits(payload["code"], 2)}
 
   def untrim(self, trimmed, shape):
     m, _ = compress_strided.layout(_size(shape), self.spec.stride,

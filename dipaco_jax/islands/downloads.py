@@ -60,11 +60,11 @@ class Downloads:
   def publish(self, slot: str, params, copy, round_index: int):
     """(the change g - p compressed, trimmed for the store; the new copy
     p + C(g - p)): a module's next version, made from round
-    `round_index`, on the host. A stateful download codec's state is the
-    round's (strided's phase; the SPMD runtime counts its publishes)."""
+    `round_index`, on the host. A stateful download codec (strided) takes
+    that round's state; the SPMD runtime counts its publishes instead."""
     codec = self.codecs[slot]
     with jax.default_device(jax.devices("cpu")[0]):
-      state = ({"round": jnp.int32(round_index)} if codec.stateful else None)
+      state = codec.state_at_round(round_index) if codec.stateful else None
       trimmed = jax.tree.map(
           lambda g, p: codec.trim(jax.device_get(compress_apply.compress_leaf(
               codec, jnp.asarray(np.asarray(g, np.float32) - p), None,
