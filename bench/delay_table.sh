@@ -18,7 +18,8 @@
 # --config.ckpt.every=2250 --config.ckpt.keep=1): NAMES="m2_none m2_naive
 # m2_one_round m2_eager m2_eager_lr035" at 42M, "m2_none m2_eager_lr035" at
 # 126M; then m2_none_lr035 (no delay at eager's outer lr 0.35, after no
-# delay at lr 0.7 trailed eager at 126M) at 42M, alone in a call.
+# delay at lr 0.7 trailed eager at 126M) at 42M, alone in a call; then
+# NAMES="m2_none_lr035 m2_eager_lr035" at 126M (its fair pair).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
@@ -49,9 +50,15 @@ done
 # shellcheck disable=SC2086
 base=_stages run_lanes ${NAMES:-m2_none m2_naive m2_one_round m2_eager \
   m8_none m8_naive m8_one_round m8_eager}
+# Each M's table is against its no-delay arm: m{M}_none, or m{M}_none_lr035
+# when only that ran; an M none of whose arms ran has no table.
 { for m in 2 8; do
+    basearm=m${m}_none
+    [[ -f $arms/$basearm.json || ! -f $arms/m${m}_none_lr035.json ]] \
+      || basearm=m${m}_none_lr035
+    ls "$arms"/m${m}_*.json > /dev/null 2>&1 || continue
     echo "### M = $m"; echo
-    python3 bench/comm_table.py "$arms" --baseline=m${m}_none --prefix=m${m}_
+    python3 bench/comm_table.py "$arms" --baseline=$basearm --prefix=m${m}_
     echo
   done
 } > "$out/summary.md"
