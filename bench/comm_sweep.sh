@@ -153,6 +153,18 @@
 #   strided8_both_decay095  strided8_both with SparseLoCo's decay 0.95
 #   combined_overlap2_strided8_both  strided8_both with overlap at tau = 2
 #   strided4_both         a quarter a round both ways (57x): the trend
+# leader_topk (ScaleCom's cyclic local top-k: a module's users send on one
+# support a round, their leader's, so a download at the upload's share can
+# carry the change); built after strided failed, arms fixed before any
+# run, not yet run (NAMES="sparseloco_senders leader_sparseloco
+# leader_sparseloco_both leader2x_both"):
+#   leader_sparseloco     sparseloco_senders' flags with compression=
+#                         leader_topk and the mean (one support: senders
+#                         is top-k's only), float32 down
+#   leader_sparseloco_both  the same read back as top-k at the upload's
+#                         share (64/4096)
+#   leader2x_both         leader_sparseloco_both at 2x the share both ways
+#                         (128/4096)
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
@@ -226,6 +238,9 @@ declare -A ARMS=(
   [strided4_both]="${strided8/stride=8/stride=4} $avg $d.download_compression=strided"
   [lowrank_shared20_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=20 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
+  [leader_sparseloco]="${topkc/compression=topk/compression=leader_topk} $d.error_feedback_decay=0.95 $avg"
+  [leader_sparseloco_both]="${topkc/compression=topk/compression=leader_topk} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
+  [leader2x_both]="${topkc/compression=topk/compression=leader_topk} $d.compression_topk_fraction=0.03125 $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
 )
 # shellcheck disable=SC2086
 base=_stages run_lanes ${BASELINE-diloco_x8} ${NAMES:-sparseloco one_round_avg topkc_ef \

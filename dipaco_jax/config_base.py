@@ -169,9 +169,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.outer_momentum = 0.9  # Nesterov/SGD momentum, or Adam's b1.
   c.diloco.weight_by_shard_size = True  # Paper Eq. 2-3.
   c.diloco.rescale_by_sqrt_users = False  # Paper section 2.7 (multiply).
-  # A recipe by name that fills the communication fields below left at
-  # their defaults (diloco/presets.py): streaming | dilocox | sparseloco;
-  # "" = none.
+  # A recipe filling the communication fields below left at their defaults
+  # (diloco/presets.py): streaming | dilocox | sparseloco; "" = none.
   c.diloco.preset = ""
   # DiLoCoX communication (diloco/comm.py, compress.py). The defaults are
   # plain DiLoCo/DiPaCo, hashed as before these fields existed.
@@ -182,7 +181,8 @@ def base_config() -> ml_collections.ConfigDict:
   # steps later, 1 <= tau <= H (tau = H is one_round's rule); 0 = not
   # used (only delay=overlap takes it), so no default tau is hashed.
   c.diloco.overlap_steps = 0
-  # none | int8 | int4 | e3m0 | lowrank | lowrank_shared | topk | strided
+  # none | int8 | int4 | e3m0 | lowrank | lowrank_shared | topk |
+  # leader_topk (chunked, on one support per module a round) | strided
   c.diloco.compression = "none"
   c.diloco.error_feedback = False  # Keep what compression drops, per worker.
   c.diloco.compression_block_size = 256  # int codes (factors too): per scale.

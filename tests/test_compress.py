@@ -458,12 +458,16 @@ def test_spec_from_config_and_bad_specs():
       compression="lowrank", error_feedback=True, compression_rank_max=8))
   spec = compress.spec_from_config(cfg)
   assert spec == Spec("lowrank", error_feedback=True, rank_max=8)
-  # Every per-leaf codec is tested here; lowrank_shared, which encodes a
-  # module's users together, in test_compress_shared.py.
-  assert set(compress.NAMES) - {"lowrank_shared"} == {
+  # Every per-leaf codec is tested here; lowrank_shared and leader_topk,
+  # which encode a module's users together, in test_compress_shared.py and
+  # test_compress_leader.py.
+  assert set(compress.NAMES) - {"lowrank_shared", "leader_topk"} == {
       spec.name for spec in SPECS.values()}
-  with pytest.raises(ValueError, match="users together"):
-    compress.make_codec(Spec("lowrank_shared")).encode(np.ones((4, 4)), {})
+  for together in (Spec("lowrank_shared"), Spec("leader_topk", topk_chunk=8)):
+    with pytest.raises(ValueError, match="users together"):
+      compress.make_codec(together).encode(np.ones((4, 4)), {})
+  with pytest.raises(ValueError, match="topk_chunk > 0"):
+    compress.make_codec(Spec("leader_topk"))
   with pytest.raises(ValueError, match="unknown"):
     compress.make_codec(Spec("fp8"))
   with pytest.raises(ValueError):

@@ -142,7 +142,8 @@ def comm_by_slot(config, slots) -> dict[str, SlotComm]:
             else _override(default, text, slot.name))
     if comm.spec.name != "topk" and comm.spec.aggregate != "mean":
       # The aggregate is top-k's: a zero of a dense or quantized payload is
-      # a value, not a coordinate left out, so those take the plain mean.
+      # a value, not a coordinate left out, so those take the plain mean;
+      # so does leader_topk, whose users all send on one support.
       comm = dataclasses.replace(
           comm, spec=dataclasses.replace(comm.spec, aggregate="mean"))
     out[slot.name] = comm
@@ -177,6 +178,10 @@ def check_config(config) -> None:
     config_fields.fail(
         "diloco.compression_factor_bits", f"{d.compression_factor_bits} must "
         "be 0 (float32 factors), 8 or 4 (int8/int4 blocks).")
+  if d.compression == "leader_topk" and d.compression_topk_chunk < 1:
+    config_fields.fail(
+        "diloco.compression_topk_chunk", "must be > 0 with compression="
+        "leader_topk (its indices are per chunk; SparseLoCo's is 4096).")
   slots = paths_lib.topology_from_config(config).slots
   comms = comm_by_slot(config, slots)
   _check_overlap(config, {c.delay for c in comms.values()})

@@ -114,16 +114,17 @@ Everything lives in the state, so a checkpoint holds the round in flight:
   outer.published_state {slot: ...}     a stateful download codec's state
   outer.published      {slot: [K, ...]}  compressed downloads: the
                                          workers' copy of the modules
-  inner.recv_bytes_W   [W]               its payload bytes, read per worker
+  inner.recv_bytes_W   [W]               bytes read per worker: its
+                                         payload, or the modules whole,
+                                         + leader_topk's indices
 """
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import compress_apply
-from dipaco_jax.diloco import compress_shared
+from dipaco_jax.diloco import delay_views
 from dipaco_jax.diloco import download as download_lib
 from dipaco_jax.diloco import outer as outer_lib
 
@@ -132,12 +133,6 @@ def copy_top(part: dict) -> dict:
   """A copy of a state part whose dicts of slots can be replaced slot by
   slot without touching the caller's (the arrays are shared)."""
   return {k: dict(v) if isinstance(v, dict) else v for k, v in part.items()}
-
-
-def _tree_bytes_W(tree, num_workers: int):
-  """float32 payload bytes per worker of an uncompressed tree [W, ...]."""
-  per_worker = sum(x.size // num_workers for x in jax.tree.leaves(tree)) * 4
-  return jnp.full((num_workers,), per_worker, jnp.float32)
 
 
 def init_extra(comms: dict, inner_params: dict, bank: dict,
@@ -180,42 +175,48 @@ def init_extra(comms: dict, inner_params: dict, bank: dict,
   if not all(c.plain for c in comms.values()):
     inner["sent_bytes_W"] = jnp.zeros((num_workers,), jnp.float32)
   outer.update(download_lib.init_outer(comms, bank))
-  if "published" in outer:
+  if "published" in outer or any(compress_apply.reads_while_sending(c.spec)
+                                 for c in comms.values()):
     inner["recv_bytes_W"] = jnp.zeros((num_workers,), jnp.float32)
   return inner, outer
 
 
 def _send(comm, contribs_W, inner: dict, name: str, num_workers: int,
           a_WxK, experts_W):
-  """What the slot's workers send: (sent, residual, codec state, bytes)."""
+  """What the slot's workers send: (sent, residual, codec state, bytes
+  sent, bytes read inside the upload or None)."""
   residual = inner.get("residual", {}).get(name)
   state = inner.get("codec_state", {}).get(name)
   if comm.spec.name == "none" and not comm.spec.error_feedback:
-    return contribs_W, residual, state, _tree_bytes_W(contribs_W,
-                                                      num_workers)
-  if comm.spec.name == "lowrank_shared":  # A module's users encode together.
-    return compress_shared.compress_tree(comm.spec, contribs_W, residual,
-                                         state, a_WxK, experts_W)
+    return (contribs_W, residual, state,
+            compress_apply.float32_bytes_W(contribs_W, num_workers), None)
+  if compress_apply.encodes_together(comm.spec):  # Needs the worker axis.
+    return compress_apply.compress_together(comm.spec, contribs_W, residual,
+                                            state, a_WxK, experts_W)
   codec = compress.make_codec(comm.spec)
-  return compress_apply.compress_tree(codec, contribs_W, residual, state)
+  return (*compress_apply.compress_tree(codec, contribs_W, residual, state),
+          None)
 
 
 def contribute(comm, anchor_W, x_W, inner: dict, new_inner: dict,
                name: str, num_workers: int, a_WxK, experts_W):
   """c_w = a_w - x_w and what the slot's workers send of it: (c, sent,
-  bytes_W); sets the slot's new residual and codec state in `new_inner`.
+  bytes sent [W], bytes read inside the upload [W]: leader_topk's
+  indices); sets the slot's new residual and codec state in `new_inner`.
   `a_WxK` (the slot's mixing weights) and `experts_W` (each worker's
   module) are what a codec shared by a module's users needs."""
   contribs_W = jax.tree.map(
       lambda a, x: a.astype(jnp.float32) - x.astype(jnp.float32),
       anchor_W, x_W)
-  sent, residual, codec_state, bytes_W = _send(
+  sent, residual, codec_state, bytes_W, read_W = _send(
       comm, contribs_W, inner, name, num_workers, a_WxK, experts_W)
   if residual is not None:
     new_inner["residual"][name] = residual
   if codec_state is not None:
     new_inner["codec_state"][name] = codec_state
-  return contribs_W, sent, bytes_W
+  if read_W is None:
+    read_W = jnp.zeros((num_workers,), jnp.float32)
+  return contribs_W, sent, bytes_W, read_W
 
 
 def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
@@ -246,10 +247,12 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
       raise ValueError("delay overlap: use diloco.overlap_step")
     x_W = inner["params"][name]
     anchor_W = inner["anchor"][name] if comm.delayed else start[name]
-    contribs_W, sent, slot_bytes_W = contribute(
+    contribs_W, sent, slot_bytes_W, read_W = contribute(
         comm, anchor_W, x_W, inner, new_inner, name, num_workers, mixing[s],
         assignment_WxS[:, s])
-    bytes_W = bytes_W + slot_bytes_W
+    bytes_W, recv_W = bytes_W + slot_bytes_W, recv_W + read_W
+    if name not in published:  # Read whole (counted if leader_topk reads).
+      recv_W = recv_W + compress_apply.float32_bytes_W(x_W, num_workers)
     delta_K = outer_lib.mix({name: sent}, (name,), [mixing[s]], [users[s]],
                             rescale_by_sqrt_users,
                             [comm.spec.aggregate])[name]
@@ -267,16 +270,17 @@ def outer_update(outer: dict, inner: dict, tx, *, comms: dict,
       b, o = _where(has_pending, (b, o), (bank[name], opt_state[name]))
       if comm.delay == "eager":
         delayed_W = _gather(outer["pending"][name], assignment_WxS, s)
-        x_W, new_inner["eager_opt"][name] = _eager_views(
+        x_W, new_inner["eager_opt"][name] = delay_views.eager_views(
             tx, inner, name, sent, delayed_W, has_pending,
-            _own_scale_W(mixing[s], users[s], assignment_WxS[:, s],
-                         rescale_by_sqrt_users), anchor_W)
+            delay_views.own_scale_W(mixing[s], users[s],
+                                    assignment_WxS[:, s],
+                                    rescale_by_sqrt_users), anchor_W)
         new_inner["prev_sent"][name] = sent
       elif comm.delay == "lookahead":
-        x_W = _lookahead_views(
+        x_W = delay_views.lookahead_views(
             tx, b, o, assignment_WxS, s, contribs_W,
-            _mix_scale_W(users[s], assignment_WxS[:, s],
-                         rescale_by_sqrt_users), x_W)
+            delay_views.mix_scale_W(users[s], assignment_WxS[:, s],
+                                    rescale_by_sqrt_users), x_W)
       elif comm.delay == "naive":  # The worker's round is dropped.
         x_W = jax.tree.map(lambda x, g: g.astype(x.dtype), x_W,
                            _gather(b, assignment_WxS, s))
@@ -326,61 +330,6 @@ def flush(outer: dict, inner: dict, tx, *, comms: dict, assignment_WxS,
         outer["pending_users"][name])
   new_outer["has_pending"] = jnp.zeros((), jnp.int32)
   return new_outer, new_inner
-
-
-def _mix_scale_W(users_K, experts_W, rescale_by_sqrt_users):
-  """s[e] of Eq. 2 for each worker's expert: [W]."""
-  users_W = jnp.asarray(users_K, jnp.float32)[experts_W]
-  return (jnp.sqrt(users_W) if rescale_by_sqrt_users
-          else (users_W > 0).astype(jnp.float32))
-
-
-def _lookahead_views(tx, bank_K, opt_state_K, assignment_WxS, s, contribs_W,
-                     scale_W, like_W):
-  """Each worker's prediction of the next global modules: the outer
-  optimizer applied to s[e] c_w, from its module's parameters and state
-  (gathered to [W, ...]; elementwise optimizers then step each worker's
-  row alone, as `outer.optimize` steps each module's)."""
-  experts_W = assignment_WxS[:, s]
-  global_W = _gather(bank_K, assignment_WxS, s)
-  state_W = optax.tree_map_params(tx, lambda leaf: leaf[experts_W],
-                                  opt_state_K,
-                                  transform_non_params=lambda leaf: leaf)
-
-  def estimate(c):
-    return c * scale_W.reshape((-1,) + (1,) * (c.ndim - 1))
-
-  updates, _ = tx.update(jax.tree.map(estimate, contribs_W), state_W,
-                         global_W)
-  return jax.tree.map(lambda p, like: p.astype(like.dtype),
-                      optax.apply_updates(global_W, updates), like_W)
-
-
-def _own_scale_W(a_WxK, users_K, experts_W, rescale_by_sqrt_users):
-  """s[e] a[w, e] of each worker for the expert it uses: [W]."""
-  a_W = jnp.take_along_axis(a_WxK, experts_W[:, None], axis=1)[:, 0]
-  return a_W * _mix_scale_W(users_K, experts_W, rescale_by_sqrt_users)
-
-
-def _eager_views(tx, inner, name, sent_W, delayed_W, has_pending,
-                 own_scale_W, view_W):
-  """Each worker's eager outer step on its own view: (views, opt state).
-  `delayed_W` is D^{r-1} of each worker's module."""
-  stale_W = inner["prev_sent"][name]
-  delayed_W = jax.tree.map(
-      lambda d: jnp.where(has_pending, d, jnp.zeros_like(d)), delayed_W)
-
-  def estimate(delayed, fresh, stale):
-    scale = own_scale_W.reshape((-1,) + (1,) * (fresh.ndim - 1))
-    return delayed + scale * (fresh - stale)
-
-  eager_W = jax.tree.map(estimate, delayed_W, sent_W, stale_W)
-
-  def one_worker(view, opt_state, grad):
-    updates, opt_state = tx.update(grad, opt_state, view)
-    return optax.apply_updates(view, updates), opt_state
-
-  return jax.vmap(one_worker)(view_W, inner["eager_opt"][name], eager_W)
 
 
 def _gather(slot_bank_K, assignment_WxS, s: int):

@@ -17,6 +17,9 @@ leaf into a payload of a few arrays:
   topk     SparseLoCo: the k largest |x|, each as 2 bits (sign, and which of
            two per-leaf magnitudes); with topk_chunk > 0, per chunk of that
            many entries, indices inside the chunk (compress_topk.py).
+  leader_topk  chunked topk on one support per module a round: its
+           leader's (users take turns), every user's values there, 2 bits
+           each; only the leader sends indices (compress_leader.py).
   strided  the round's 1 / stride of the entries, the same on every worker,
            2 bits each, no indices (compress_strided.py).
 
@@ -33,8 +36,6 @@ really goes on the wire, and `trim` makes that, eagerly: padding and unused
 rank cut, 4-bit and 2-bit codes packed.
 """
 
-import dataclasses
-import functools
 import math
 from typing import ClassVar
 
@@ -42,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dipaco_jax.diloco import compress_base
 from dipaco_jax.diloco import compress_lowrank as lowrank
 from dipaco_jax.diloco import compress_spec
 from dipaco_jax.diloco import compress_strided
@@ -51,68 +53,8 @@ NAMES = compress_spec.NAMES
 
 CompressionSpec = compress_spec.CompressionSpec
 spec_from_config = compress_spec.spec_from_config
-
-
-def _size(shape) -> int:
-  return math.prod(tuple(shape))
-
-
-def _flat(x):
-  return jnp.asarray(x, jnp.float32).reshape(-1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Codec:
-  """The identity ("none"), and what every codec does.
-
-  Frozen and stateless (a static jit argument): per-leaf state, lowrank's
-  warm start, is passed in and out explicitly. `shape` is always one
-  worker's leaf shape.
-  """
-  spec: CompressionSpec
-  stateful: ClassVar[bool] = False
-
-  def init_state(self, x) -> dict:
-    del x
-    return {}
-
-  def encode(self, x, state) -> tuple[dict, dict]:
-    return {"x": jnp.asarray(x, jnp.float32)}, state
-
-  def decode(self, payload, shape) -> jax.Array:
-    return payload["x"].reshape(shape)
-
-  def payload_bytes(self, payload, shape) -> jax.Array:
-    del payload
-    return jnp.float32(4 * _size(shape))
-
-  def trim(self, payload) -> dict:
-    """Eager: the payload as it goes on the wire (numpy)."""
-    return {k: np.asarray(v) for k, v in payload.items()}
-
-  def untrim(self, trimmed, shape) -> dict:
-    """trim's inverse: the static-shape payload back from the wire's."""
-    del shape
-    return dict(trimmed)
-
-  def decode_trimmed(self, trimmed, shape) -> np.ndarray:
-    # Through `decode`, so that the receiver gets exactly what the sender
-    # computed as sent (and its residual assumed).
-    shape = tuple(shape)
-    return np.asarray(_decode_jit(self, self.untrim(trimmed, shape), shape))
-
-
-# Eager callers compile once per leaf shape, not op by op (several times
-# faster on a new shape); inside a jit, a jit is inlined.
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _decode_jit(codec, payload, shape):
-  return codec.decode(payload, shape)
-
-
-def _unpack_signed(packed, bits: int, n: int) -> np.ndarray:
-  """Two's-complement codes of `bits` bits back from `pack_bits`."""
-  u = compress_topk.unpack_bits(packed, bits, n).astype(np.int16)
-  return np.where(u >= 2**(bits - 1), u - 2**bits, u).astype(np.int8)
+Codec = compress_base.Codec
+_size, _flat = compress_base.size, compress_base.flat
 
 
 class _BlockCodec(Codec):
@@ -156,7 +98,8 @@ class _BlockCodec(Codec):
   def untrim(self, trimmed, shape):
     payload = dict(trimmed)
     if self.bits == 4:
-      payload["code"] = _unpack_signed(trimmed["code"], 4, _size(shape))
+      payload["code"] = compress_base.unpack_signed(trimmed["code"], 4,
+                                                    _size(shape))
     return payload
 
 
@@ -294,8 +237,8 @@ class _ChunkedTopKCodec(Codec):
             "code": code.astype(np.uint8).reshape(m, k)}
 
 
-class _StridedCodec(Codec):
-  """compress_strided.py. State: the round, alike on every worker."""
+class _RoundCodec(Codec):
+  """A codec whose state is the round, alike on every worker."""
   stateful = True
 
   def init_state(self, x):
@@ -304,6 +247,10 @@ class _StridedCodec(Codec):
 
   def state_at_round(self, round_index):  # An island executor's round.
     return {"round": jnp.asarray(round_index, jnp.int32)}
+
+
+class _StridedCodec(_RoundCodec):
+  """compress_strided.py: the round sets the phase."""
 
   def encode(self, x, state):
     phase = state["round"] % self.spec.stride
@@ -384,10 +331,20 @@ class _SharedLowRankCodec(_LowRankCodec):
                      "use diloco/compress_shared.compress_tree")
 
 
+class _LeaderTopKCodec(_RoundCodec, _ChunkedTopKCodec):
+  """`leader_topk`: the round says which user of a module leads; its users
+  encode together (compress_leader.compress_tree) on the leader's chunked
+  top-k indices, so a payload decodes as chunked topk's."""
+
+  def encode(self, x, state):
+    raise ValueError("leader_topk encodes a module's users together: "
+                     "use diloco/compress_leader.compress_tree")
+
+
 _CODECS = {"none": Codec, "int8": _IntCodec, "int4": _Int4Codec,
            "e3m0": _E3M0Codec, "lowrank": _LowRankCodec,
            "lowrank_shared": _SharedLowRankCodec, "topk": _TopKCodec,
-           "strided": _StridedCodec}
+           "leader_topk": _LeaderTopKCodec, "strided": _StridedCodec}
 
 
 def make_codec(spec: CompressionSpec) -> Codec:

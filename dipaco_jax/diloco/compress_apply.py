@@ -1,7 +1,8 @@
 """A codec applied to what workers send (`compress.py`'s codecs): error
 feedback, codec state, payload bytes; one leaf, or every leaf of
-{slot: tree} vmapped over workers. Used by the SPMD simulation
-(`comm_step.py`) and the island workers (`islands/wire.py`).
+{slot: tree} vmapped over workers, or a module's users together for the
+codecs that need the worker axis (`compress_together`). Used by the SPMD
+simulation (`comm_step.py`) and the island workers (`islands/wire.py`).
 """
 
 import functools
@@ -10,6 +11,23 @@ import jax
 import jax.numpy as jnp
 
 from dipaco_jax.diloco import compress
+from dipaco_jax.diloco import compress_leader
+from dipaco_jax.diloco import compress_shared
+
+
+def _shared_lowrank(spec, contribs, residuals, states, a_WxK, experts_W):
+  """lowrank_shared's compress_tree with nothing counted as read inside
+  the upload (its two means read back are not counted)."""
+  out = compress_shared.compress_tree(spec, contribs, residuals, states,
+                                      a_WxK, experts_W)
+  return (*out, jnp.zeros_like(out[3]))
+
+
+# Codecs whose workers encode each module together: (spec, contribs,
+# residuals, states, a_WxK, experts_W) -> (sent, residuals, states, bytes
+# sent [W], bytes read inside the upload [W]).
+_TOGETHER = {"lowrank_shared": _shared_lowrank,
+             "leader_topk": compress_leader.compress_tree}
 
 
 @functools.partial(jax.jit, static_argnums=0)  # codec: static
@@ -76,3 +94,27 @@ def init_states(codec: compress.Codec, contribs_like):
                         state)
   leaves, treedef = jax.tree.flatten(contribs_like)
   return treedef.unflatten([leaf_state(x) for x in leaves])
+
+
+def encodes_together(spec: compress.CompressionSpec) -> bool:
+  return spec.name in _TOGETHER
+
+
+def reads_while_sending(spec: compress.CompressionSpec) -> bool:
+  """Whether a worker reads bytes inside its upload: leader_topk's
+  non-leaders read the leader's indices (`compress_together`'s read_W)."""
+  return spec.name == "leader_topk"
+
+
+def compress_together(spec: compress.CompressionSpec, contribs: dict,
+                      residuals, states, a_WxK, experts_W):
+  """A slot's workers [W, ...] encoded module by module (`a_WxK` its mixing
+  weights, `experts_W` each worker's module): as `_TOGETHER` says."""
+  return _TOGETHER[spec.name](spec, contribs, residuals, states, a_WxK,
+                              experts_W)
+
+
+def float32_bytes_W(tree, num_workers: int):
+  """float32 payload bytes per worker of an uncompressed tree [W, ...]."""
+  per_worker = sum(x.size // num_workers for x in jax.tree.leaves(tree)) * 4
+  return jnp.full((num_workers,), per_worker, jnp.float32)

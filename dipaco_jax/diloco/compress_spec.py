@@ -4,7 +4,7 @@ value (a static argument of the jitted codecs in compress.py)."""
 import dataclasses
 
 NAMES = ("none", "int8", "int4", "e3m0", "lowrank", "lowrank_shared", "topk",
-         "strided")
+         "leader_topk", "strided")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +21,7 @@ class CompressionSpec:
   factor_bits: int = 0          # lowrank: 0 = float32 factors; 8 or 4 = int
   topk_fraction: float = 0.01   # topk: share of entries kept (at least 1)
   topk_chunk: int = 0           # topk: entries per chunk; 0 = whole leaf
+                                # (leader_topk: per chunk only)
   stride: int = 8               # strided: a round sends 1 / stride
   feedback_decay: float = 1.0   # error feedback: residual scale, (0, 1]
   aggregate: str = "mean"       # mean | senders (outer.mix); config's
@@ -62,6 +63,10 @@ def check(spec: CompressionSpec) -> None:
   if spec.topk_chunk < 0 or spec.stride < 1:
     raise ValueError(f"topk_chunk ({spec.topk_chunk}) must be >= 0 and "
                      f"stride ({spec.stride}) >= 1")
+  if spec.name == "leader_topk" and spec.topk_chunk < 1:
+    # Its indices are the leader's inside each chunk (12 bits at 4096).
+    raise ValueError(f"leader_topk needs topk_chunk > 0 (got "
+                     f"{spec.topk_chunk})")
   if not 0 < spec.feedback_decay <= 1:
     raise ValueError(f"error_feedback_decay must be in (0, 1] (got "
                      f"{spec.feedback_decay})")

@@ -30,23 +30,42 @@ def index_bits(chunk: int) -> int:
   return max(1, math.ceil(math.log2(chunk)))
 
 
-def encode(x_N, chunk: int, fraction: float) -> dict:
-  """x [N] float32 -> {"idx" [M, k] int32, "code" [M, k] uint8 (bit 1 =
-  negative, bit 0 = large), "scales" [M, 2] float32 (small, large)}: per
-  chunk, the larger magnitude is the mean |x| of the larger half of its kept
-  entries, the smaller one of the other half (the same when k = 1)."""
-  n = x_N.shape[0]
-  c, m, k = layout(n, chunk, fraction)
-  x_MxC = jnp.pad(x_N, (0, m * c - n)).reshape(m, c)
-  abs_MxK, idx_MxK = jax.lax.top_k(jnp.abs(x_MxC), k)  # descending
-  s2_M = abs_MxK[:, :k - k // 2].mean(axis=1)
-  s1_M = abs_MxK[:, k - k // 2:].mean(axis=1) if k > 1 else s2_M
+def quantize(v_MxK):
+  """Each chunk's kept values [M, k] -> (code [M, k] uint8: bit 1 =
+  negative, bit 0 = large; scales [M, 2] float32: small, large). The larger
+  magnitude is the mean |v| of the larger half of a chunk's values
+  (ceil(k / 2) of them), the smaller one of the other half (the same when
+  k = 1); a value takes the large code from their midpoint up. Shared with
+  leader_topk (compress_leader.py), whose values need not be its own
+  largest, hence the sort."""
+  k = v_MxK.shape[1]
+  abs_MxK = jnp.abs(v_MxK)
+  sorted_MxK = -jnp.sort(-abs_MxK, axis=1)  # descending
+  s2_M = sorted_MxK[:, :k - k // 2].mean(axis=1)
+  s1_M = sorted_MxK[:, k - k // 2:].mean(axis=1) if k > 1 else s2_M
   large_MxK = abs_MxK >= ((s1_M + s2_M) / 2)[:, None]
-  negative_MxK = jnp.take_along_axis(x_MxC, idx_MxK, axis=1) < 0
-  code_MxK = (large_MxK.astype(jnp.uint8)
-              | (negative_MxK.astype(jnp.uint8) << 1))
+  code_MxK = large_MxK.astype(jnp.uint8) | ((v_MxK < 0).astype(jnp.uint8)
+                                            << 1)
+  return code_MxK, jnp.stack([s1_M, s2_M], axis=1)
+
+
+def chunks(x_N, chunk: int, fraction: float):
+  """x [N] -> [M, c], the last chunk padded with zeros (`layout`)."""
+  n = x_N.shape[0]
+  c, m, _ = layout(n, chunk, fraction)
+  return jnp.pad(x_N, (0, m * c - n)).reshape(m, c)
+
+
+def encode(x_N, chunk: int, fraction: float) -> dict:
+  """x [N] float32 -> {"idx" [M, k] int32, "code" [M, k] uint8, "scales"
+  [M, 2] float32}: each chunk's k largest |x|, quantized by `quantize`."""
+  _, _, k = layout(x_N.shape[0], chunk, fraction)
+  x_MxC = chunks(x_N, chunk, fraction)
+  _, idx_MxK = jax.lax.top_k(jnp.abs(x_MxC), k)
+  code_MxK, scales_Mx2 = quantize(jnp.take_along_axis(x_MxC, idx_MxK,
+                                                      axis=1))
   return {"idx": idx_MxK.astype(jnp.int32), "code": code_MxK,
-          "scales": jnp.stack([s1_M, s2_M], axis=1)}
+          "scales": scales_Mx2}
 
 
 def decode(payload, n: int, chunk: int) -> jax.Array:

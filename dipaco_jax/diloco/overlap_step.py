@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from dipaco_jax.diloco import comm_step
+from dipaco_jax.diloco import compress_apply
 from dipaco_jax.diloco import download
 from dipaco_jax.diloco import outer as outer_lib
 
@@ -26,13 +27,13 @@ def handover(outer: dict, inner: dict, *, comms: dict, assignment_WxS,
   mixing = outer_lib.mixing_matrices(assignment_WxS, weights_W, num_experts)
   new_outer, new_inner = (comm_step.copy_top(outer),
                           comm_step.copy_top(inner))
-  bytes_W = jnp.zeros((num_workers,), jnp.float32)
+  bytes_W = read_W = jnp.zeros((num_workers,), jnp.float32)
   for s, name in enumerate(slot_names):
     x_W = inner["params"][name]
-    _, sent, slot_bytes_W = comm_step.contribute(
+    _, sent, slot_bytes_W, slot_read_W = comm_step.contribute(
         comms[name], inner["anchor"][name], x_W, inner, new_inner, name,
         num_workers, mixing[s], assignment_WxS[:, s])
-    bytes_W = bytes_W + slot_bytes_W
+    bytes_W, read_W = bytes_W + slot_bytes_W, read_W + slot_read_W
     new_outer["pending"][name] = outer_lib.mix(
         {name: sent}, (name,), [mixing[s]], [users[s]],
         rescale_by_sqrt_users, [comms[name].spec.aggregate])[name]
@@ -41,6 +42,10 @@ def handover(outer: dict, inner: dict, *, comms: dict, assignment_WxS,
   new_outer["has_pending"] = jnp.ones((), jnp.int32)
   if "sent_bytes_W" in inner:
     new_inner["sent_bytes_W"] = bytes_W
+  if "recv_bytes_W" in inner:
+    # Logged now with the last apply's download, which the next apply
+    # replaces: leader_topk's indices read inside this upload.
+    new_inner["recv_bytes_W"] = inner["recv_bytes_W"] + read_W
   return new_outer, new_inner
 
 
@@ -69,6 +74,9 @@ def apply(outer: dict, inner: dict, tx, *, assignment_WxS, slot_names,
               lambda n, old: jnp.where(has_pending, n, old),
               new_outer[part][name], outer[part][name])
       recv_W = recv_W + recv_K[assignment_WxS[:, s]]
+    else:  # Read whole (counted if leader_topk reads inside uploads).
+      recv_W = recv_W + compress_apply.float32_bytes_W(
+          inner["params"][name], assignment_WxS.shape[0])
     global_W = jax.tree.map(lambda g: g[assignment_WxS[:, s]], read_K)
     x_W = inner["params"][name]
     # x + (g - h): the same floating-point form as one_round's x + (g - a).

@@ -140,12 +140,19 @@ def _layer_leaf_sizes(config) -> dict[str, dict[str, int]]:
 def check_codecs(config) -> None:
   """With pipeline stages a layer slot's contribution is compressed stage
   by stage (`Wire.encode_units`); refuses a codec for which that is not
-  the SPMD runtime's whole-leaf encoding, naming the fields."""
+  the SPMD runtime's whole-leaf encoding, naming the fields. Refuses
+  leader_topk at any stage count."""
+  topology = paths_lib.topology_from_config(config)
+  comms = comm_lib.comm_by_slot(config, topology.slots)
+  if any(c.spec.name == "leader_topk" for c in comms.values()):
+    # Its users send on the leader's indices: a store hop inside a round.
+    raise UserError(
+        "config.diloco.compression: leader_topk needs the leader's indices "
+        "inside a round, which islands do not exchange; use topk, or run "
+        "it with dipaco_jax.main.")
   stages = num_stages(config)
   if stages == 1:
     return
-  topology = paths_lib.topology_from_config(config)
-  comms = comm_lib.comm_by_slot(config, topology.slots)
   sizes = None
   for slot in topology.layer_slots:
     spec = comms[slot.name].spec
