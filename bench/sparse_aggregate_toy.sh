@@ -54,12 +54,17 @@
 #   NAMES="topk_senders strided8_both strided8_both_noef" bash bench/sparse_aggregate_toy.sh OUT
 # leader_topk (ScaleCom's cyclic local top-k: a module's users send on one
 # support a round, their leader's, so a download at the upload's share can
-# carry the change); built after strided failed, arms fixed before any
-# run, not yet run: the toy's top-k up with the mean (its users' supports
+# carry the change); built after strided failed, arms fixed before the
+# run (2026-12-01): the toy's top-k up with the mean (its users' supports
 # agree) and float32 down (leader_topk), the same read back as top-k at
 # the upload's share (leader_topk_both), and both ways at 2x the share,
 # 128/4096 (leader_topk2x_both):
 #   NAMES="topk_senders leader_topk leader_topk_both leader_topk2x_both" bash bench/sparse_aggregate_toy.sh OUT
+# then, after those lost 32% to 55% here and more on the GPU, the same
+# both ways at 8x the share (512/4096, as many entries a round as the 8
+# workers' top-k together): whether the count of entries a round or the
+# one worker's choice of them is the cost:
+#   NAMES="leader_topk8x_both" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -126,6 +131,7 @@ declare -A ARMS=(
   [leader_topk]="${topk[*]} --config.diloco.compression=leader_topk --config.diloco.sparse_aggregate=mean"
   [leader_topk_both]="${topk[*]} --config.diloco.compression=leader_topk --config.diloco.sparse_aggregate=mean ${down[*]}"
   [leader_topk2x_both]="${topk[*]} --config.diloco.compression=leader_topk --config.diloco.sparse_aggregate=mean --config.diloco.compression_topk_fraction=0.03125 ${down[*]}"
+  [leader_topk8x_both]="${topk[*]} --config.diloco.compression=leader_topk --config.diloco.sparse_aggregate=mean --config.diloco.compression_topk_fraction=0.125 ${down[*]}"
 )
 run "$base"
 for name in ${NAMES:-topk_mean topk_senders}; do

@@ -97,6 +97,9 @@ def test_warnings_name_what_was_measured_to_do_badly():
                   dict(compression="strided", download_compression="strided")):
     assert ["+207%" in w for w in presets.warnings(
         _config(**strided, **averaging))] == [True], strided
+  assert ["+248%" in w for w in presets.warnings(_config(
+      compression="leader_topk", error_feedback=True,
+      compression_topk_chunk=4096, **averaging))] == [True]
   # Top-k downloads thinner than a module's users' top-k together: the
   # tiny DiPaCo 2x2's shared module has 4 users.
   both = _config(compression="topk", error_feedback=True,

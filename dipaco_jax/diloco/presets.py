@@ -149,6 +149,10 @@ def warnings(config) -> list[str]:
                "ways (8.4M, 150 rounds): a round needs each worker's own "
                "largest entries, not a share fixed in advance; use topk "
                "(diloco.preset=sparseloco).")
+  if "leader_topk" in codecs:
+    out.append("compression leader_topk cost +248% at 136.5x fewer bytes "
+               "both ways (8.4M, 150 rounds): one worker's top-k is not "
+               "what the others need; use topk (diloco.preset=sparseloco).")
   topology = paths_lib.topology_from_config(config)
   is_dipaco = any(slot.num_experts > 1 for slot in topology.slots)
   if is_dipaco and nesterov and d.inner_steps <= 15:
