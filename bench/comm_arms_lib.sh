@@ -145,14 +145,28 @@ on_gpu() {  # lane index, then a command: the command on that lane's GPU
     "$@"
   fi
 }
+# An arm's flags: ARMS[name]; a name b<N>_<arm> is <arm> at N sequences
+# per replica step (train.batch_size; the shared dense base keeps its own,
+# base.batch_size), so that one call holds an arm and its larger-batch twin
+# (bench/comm_table.py compares it with b<N>_ of its baseline).
+arm_flags() {
+  if [[ $1 =~ ^b([0-9]+)_(.+)$ && -v "ARMS[${BASH_REMATCH[2]}]" ]]; then
+    echo "${ARMS[${BASH_REMATCH[2]}]} --config.train.batch_size=${BASH_REMATCH[1]}"
+  elif [[ -v "ARMS[$1]" ]]; then
+    echo "${ARMS[$1]}"
+  else
+    echo "!!! $1: no such arm" >&2; return 1
+  fi
+}
 # Each named arm of ARMS, $lanes at once, from the stages of arm $base
 # (default diloco_x8).
 run_lanes() {
-  local i=0 name
+  local i=0 name flags
   for name in "$@"; do
+    flags=$(arm_flags "$name") || { echo "!!! $name: no such arm" >> "$log"; continue; }
     share "${base:-diloco_x8}" "$name"
     # shellcheck disable=SC2086
-    on_gpu "$i" run "$name" ${ARMS[$name]} &
+    on_gpu "$i" run "$name" $flags &
     i=$((i + 1))
     if (( i % lanes == 0 )); then wait; fi
   done

@@ -165,6 +165,13 @@
 #                         share (64/4096)
 #   leader2x_both         leader_sparseloco_both at 2x the share both ways
 #                         (128/4096)
+# A 4x larger per-replica batch (2026-12-03; the papers' replicas step on
+# ~500k tokens, ours on 16k; fixed before the run, not chosen): the default
+# 8.4M model, MODEL="--config.diloco.inner_steps=15 --config.ckpt.every=750
+# --config.model.loss_chunk=128" MAX_CHARS=400000000 STEPS=2250 LANES=4
+# NAMES="sparseloco_senders b128_diloco_x8 b128_sparseloco_senders": each
+# arm as above and its twin named b128_ at 128 sequences per replica step
+# (comm_arms_lib.sh's arm_flags), against its own batch's DiLoCo x8.
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]

@@ -5,6 +5,9 @@
   python bench/comm_table.py OUT_DIR --baseline=dipaco_2x2  # comm_dipaco.sh
   python bench/comm_table.py OUT_DIR --baseline=m2_none --prefix=m2_
 
+An arm named b<N>_<arm> (bench/comm_arms_lib.sh: <arm> at N sequences per
+replica step) is compared with b<N>_<baseline>, its own batch's baseline.
+
 Rows: the arms of bench/comm_quality.sh in its order, then any other
 arm found in OUT_DIR (bench/comm_sweep.sh's), by name. `--choose` looks at
 training losses only (the mean over the last 10% of logged steps, from
@@ -17,6 +20,7 @@ document (the model of record), its bytes those of the `dipaco` run.
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 ARMS = ("diloco_x8", "one_round", "eager", "int4_ef", "e3m0", "lowrank_ef",
@@ -92,15 +96,22 @@ def choose(out: Path) -> str:
   return min(candidates)[3]
 
 
+def batch_prefix(name: str) -> str:
+  """'b128_' of an arm named b128_<arm>, else ''."""
+  match = re.match(r"b[0-9]+_", name)
+  return match.group(0) if match else ""
+
+
 def table(out: Path, baseline: str = "diloco_x8", prefix: str = "") -> str:
-  base = arm_figures(out, baseline)
   rows = [f"| arm | validation perplexity | vs {baseline} | bytes sent per "
           "worker per round | fewer than float32 | bytes read back per "
           "worker per round | sent + read, fewer than float32 | train loss "
           "(last 10%) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
   names = [n for n in arm_names(out) if n.startswith(prefix)]
-  # The baseline's row first.
-  for name in sorted(names, key=lambda n: n != baseline):
+  # Each batch's arms together, its baseline's row first.
+  for name in sorted(names, key=lambda n: (batch_prefix(n), n != baseline,
+                                           n != batch_prefix(n) + baseline)):
+    base = arm_figures(out, batch_prefix(name) + baseline)
     f = arm_figures(out, name)
     if f is None:
       continue

@@ -20,6 +20,11 @@
 # 126M; then m2_none_lr035 (no delay at eager's outer lr 0.35, after no
 # delay at lr 0.7 trailed eager at 126M) at 42M, alone in a call; then
 # NAMES="m2_none_lr035 m2_eager_lr035" at 126M (its fair pair).
+# A 4x larger per-replica batch at M = 2 (2026-12-03, fixed before the run):
+# the 8.4M model, MODEL="--config.ckpt.every=750 --config.model.loss_chunk=128"
+# MAX_CHARS=400000000 NAMES="m2_none_lr035 m2_eager_lr035 b128_m2_none_lr035
+# b128_m2_eager_lr035" LANES=4: eager at its better outer lr, 32 and 128
+# sequences per replica step (a b128_ arm: comm_arms_lib.sh's arm_flags).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
@@ -52,14 +57,17 @@ base=_stages run_lanes ${NAMES:-m2_none m2_naive m2_one_round m2_eager \
   m8_none m8_naive m8_one_round m8_eager}
 # Each M's table is against its no-delay arm: m{M}_none, or m{M}_none_lr035
 # when only that ran; an M none of whose arms ran has no table.
-{ for m in 2 8; do
-    basearm=m${m}_none
-    [[ -f $arms/$basearm.json || ! -f $arms/m${m}_none_lr035.json ]] \
-      || basearm=m${m}_none_lr035
-    ls "$arms"/m${m}_*.json > /dev/null 2>&1 || continue
-    echo "### M = $m"; echo
-    python3 bench/comm_table.py "$arms" --baseline=$basearm --prefix=m${m}_
-    echo
+# One table per M and per batch (arms named b<N>_..., comm_arms_lib.sh).
+{ for bp in "" $(ls "$arms" | grep -o '^b[0-9]*_' | sort -u); do
+    for m in 2 8; do
+      basearm=m${m}_none
+      [[ -f $arms/$bp$basearm.json || ! -f $arms/${bp}m${m}_none_lr035.json ]] \
+        || basearm=m${m}_none_lr035
+      ls "$arms"/${bp}m${m}_*.json > /dev/null 2>&1 || continue
+      echo "### M = $m${bp:+, ${bp:1:-1} sequences per replica step}"; echo
+      python3 bench/comm_table.py "$arms" --baseline=$basearm --prefix=${bp}m${m}_
+      echo
+    done
   done
 } > "$out/summary.md"
 tar czf "$out/arms.tgz" -C "$arms" .
