@@ -25,6 +25,9 @@
 # MAX_CHARS=400000000 NAMES="m2_none_lr035 m2_eager_lr035 b128_m2_none_lr035
 # b128_m2_eager_lr035" LANES=4: eager at its better outer lr, 32 and 128
 # sequences per replica step (a b128_ arm: comm_arms_lib.sh's arm_flags).
+# Then, after that call (its eager gap fell from 32 to 128 sequences),
+# NAMES="b256_m2_none_lr035 b256_m2_eager_lr035" LANES=2 with the same
+# MODEL and MAX_CHARS in a call of their own: 256 sequences, the trend.
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
