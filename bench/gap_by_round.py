@@ -8,12 +8,15 @@ ARMS_DIR (or a bench script's OUT/arms.tgz) holds NAME.metrics.jsonl per
 arm (bench/comm_arms_lib.sh). At round r the gap is the arm's mean logged
 training loss minus the baseline's, over the logged steps of the last
 `--window` steps up to r * H. Training loss only: a validation figure is
-each arm's results.json, at the end.
+each arm's results.json, at the end. An arm named b<N>_<arm> (<arm> at N
+sequences per replica step, bench/comm_arms_lib.sh) is compared with
+b<N>_<baseline>, its own batch's baseline.
 """
 
 import argparse
 import json
 import pathlib
+import re
 import tarfile
 import tempfile
 
@@ -34,14 +37,16 @@ def gap_at(arm: dict, base: dict, step: int, window: int) -> float | None:
 
 def table(arms: pathlib.Path, baseline: str, inner_steps: int,
           rounds: list[int], window: int) -> str:
-  base = losses(arms, baseline)
   names = sorted(p.name[:-len(".metrics.jsonl")]
                  for p in arms.glob("*.metrics.jsonl"))
   lines = ["| arm | " + " | ".join(f"round {r}" for r in rounds) + " |",
            "| --- |" + " --- |" * len(rounds)]
   for name in names:
-    if name == baseline:
+    batch = re.match(r"b[0-9]+_", name)
+    own_baseline = (batch.group(0) if batch else "") + baseline
+    if name == own_baseline or own_baseline not in names:
       continue
+    base = losses(arms, own_baseline)
     arm = losses(arms, name)
     cells = [gap_at(arm, base, r * inner_steps, window) for r in rounds]
     lines.append(f"| {name} | " + " | ".join(

@@ -1,14 +1,18 @@
 """lowrank_shared (PowerSGD's subspace shared by a module's users): against
 a numpy transcription of PowerSGD's algorithm, exact on contributions of a
 common rank-r column space, equal to the per-worker codec when each module
-has one user, and lossless over rounds with error feedback."""
+has one user, lossless over rounds with error feedback, and its bytes
+counted both ways."""
 
 import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from dipaco_jax.diloco import comm as comm_lib
+from dipaco_jax.diloco import comm_step
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import compress_apply
 from dipaco_jax.diloco import compress_lowrank as lowrank
@@ -150,3 +154,30 @@ def test_a_vector_goes_whole():
   np.testing.assert_array_equal(residual, 0.0)
   assert q is None
   np.testing.assert_array_equal(bytes_W, np.full(3, 28.0))
+
+
+def test_a_round_counts_the_means_read_inside_it():
+  # One module of a 6 x 5 matrix and a 7-vector, two users, float32
+  # downloads. A user sends both factors, (6 + 5) 2 float32 values, and the
+  # vector; it reads its module's mean P and Q, (6 + 5) 2 float32 values,
+  # inside the round, then the module whole (30 + 7 values).
+  comms = {"s": comm_lib.SlotComm(spec=SPEC)}
+  tx = optax.sgd(1.0)
+  bank = {"s": {"m": jnp.zeros((1, 6, 5)), "v": jnp.zeros((1, 7))}}
+  rng = np.random.default_rng(50)
+  params = {"s": {"m": jnp.asarray(rng.standard_normal((2, 6, 5)),
+                                   jnp.float32),
+                  "v": jnp.asarray(rng.standard_normal((2, 7)),
+                                   jnp.float32)}}
+  inner_extra, outer_extra = comm_step.init_extra(comms, params, bank, tx)
+  outer = {"params": bank, "opt_state": {"s": tx.init(bank["s"])},
+           **outer_extra}
+  inner = dict(inner_extra, params=params)
+  _, inner = comm_step.outer_update(
+      outer, inner, tx, comms=comms,
+      assignment_WxS=np.zeros((2, 1), np.int32), slot_names=("s",),
+      weights_W=jnp.ones(2), rescale_by_sqrt_users=False)
+  factors = 4.0 * (6 + 5) * SPEC.rank_max
+  np.testing.assert_array_equal(inner["sent_bytes_W"], [factors + 28] * 2)
+  np.testing.assert_array_equal(inner["recv_bytes_W"],
+                                [factors + 4.0 * (30 + 7)] * 2)

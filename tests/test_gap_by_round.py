@@ -61,3 +61,19 @@ def test_reads_an_arms_archive_and_names_a_missing_baseline(tmp_path):
   assert missing.stderr.strip().splitlines() == [
       f"{arms}: no none.metrics.jsonl (--baseline names the arm to compare "
       "against)"]
+
+
+def test_a_larger_batchs_arms_meet_their_own_baseline(tmp_path):
+  # b128_<arm> (bench/comm_arms_lib.sh: <arm> at 128 sequences per replica
+  # step) is compared with b128_diloco_x8, not with diloco_x8; an arm
+  # whose batch has no baseline gets no row.
+  arms = tmp_path / "arms"
+  arms.mkdir()
+  _write(arms, "diloco_x8", {15: 3.0})
+  _write(arms, "senders", {15: 3.5})
+  _write(arms, "b128_diloco_x8", {15: 2.0})
+  _write(arms, "b128_senders", {15: 2.25})
+  _write(arms, "b64_senders", {15: 2.5})
+  lines = gap_by_round.table(arms, "diloco_x8", inner_steps=15, rounds=[1],
+                             window=15).splitlines()
+  assert lines[2:] == ["| b128_senders | +0.250 |", "| senders | +0.500 |"]

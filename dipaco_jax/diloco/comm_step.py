@@ -116,7 +116,8 @@ Everything lives in the state, so a checkpoint holds the round in flight:
                                          workers' copy of the modules
   inner.recv_bytes_W   [W]               bytes read per worker: its
                                          payload, or the modules whole,
-                                         + leader_topk's indices
+                                         + leader_topk's indices or
+                                         lowrank_shared's means P, Q
 """
 
 import jax

@@ -15,18 +15,10 @@ from dipaco_jax.diloco import compress_leader
 from dipaco_jax.diloco import compress_shared
 
 
-def _shared_lowrank(spec, contribs, residuals, states, a_WxK, experts_W):
-  """lowrank_shared's compress_tree with nothing counted as read inside
-  the upload (its two means read back are not counted)."""
-  out = compress_shared.compress_tree(spec, contribs, residuals, states,
-                                      a_WxK, experts_W)
-  return (*out, jnp.zeros_like(out[3]))
-
-
 # Codecs whose workers encode each module together: (spec, contribs,
 # residuals, states, a_WxK, experts_W) -> (sent, residuals, states, bytes
 # sent [W], bytes read inside the upload [W]).
-_TOGETHER = {"lowrank_shared": _shared_lowrank,
+_TOGETHER = {"lowrank_shared": compress_shared.compress_tree,
              "leader_topk": compress_leader.compress_tree}
 
 
@@ -101,9 +93,10 @@ def encodes_together(spec: compress.CompressionSpec) -> bool:
 
 
 def reads_while_sending(spec: compress.CompressionSpec) -> bool:
-  """Whether a worker reads bytes inside its upload: leader_topk's
-  non-leaders read the leader's indices (`compress_together`'s read_W)."""
-  return spec.name == "leader_topk"
+  """Whether a worker reads bytes inside its upload (`compress_together`'s
+  read_W): leader_topk's non-leaders read the leader's indices,
+  lowrank_shared's users their module's mean P and Q."""
+  return spec.name in ("leader_topk", "lowrank_shared")
 
 
 def compress_together(spec: compress.CompressionSpec, contribs: dict,

@@ -24,7 +24,9 @@ holding the module's warm start Q_k [n, r] and its error feedback e_w:
 
 so outer.mix of the s_w is B_k (sum_w a[w, k] Q_w)^T, PowerSGD's decoded
 mean. A worker sends (m + n) r values a round, as `lowrank` does at rank
-r. The rank is fixed (`compression_rank_max`): a shared basis has no
+r, and reads (m + n) r float32 values inside the round (P_k, then Q_k:
+`compress_tree`'s read_W, counted in `inner.recv_bytes_W` beside the
+modules read back). The rank is fixed (`compression_rank_max`): a shared basis has no
 worker of its own to choose it (rank_min and energy are `lowrank`'s only).
 With `compression_factor_bits` each factor column goes through the int8 /
 int4 block codec before it is sent (P_w before the mix, Q_w before the
@@ -80,6 +82,14 @@ def factor_bytes(shape, rank: int, int_codec) -> float:
                    + 4 * rank * -(-length // block) for length in mn))
 
 
+def mean_bytes(shape, rank: int) -> float:
+  """What one worker reads of a leaf inside a round: its module's mean
+  P_k and mean Q_k, float32 (a mean of integer codes is no longer one);
+  nothing for a vector, whose mean comes with the modules read back."""
+  mn = lowrank.matrix_shape(shape)
+  return 0.0 if mn is None else 4.0 * (mn[0] + mn[1]) * rank
+
+
 def init_state(shape, rank_max: int) -> dict:
   """A worker's copy of the module's warm start: {"q": [n, r]} (the same
   fixed-seed matrix for every worker, as `lowrank`'s), {} for a vector."""
@@ -130,13 +140,16 @@ def compress_tree(spec: compress.CompressionSpec, contribs: dict, residuals,
                   states, a_WxK, experts_W):
   """compress_leaf for every leaf of a slot's tree [W, ...]; `states` has
   the tree's structure with {"q": ...} (or {}) per leaf. Returns (sent,
-  residuals, states, bytes_W) as `compress_apply.compress_tree` does."""
+  residuals, states, bytes sent [W], bytes read inside the round [W]:
+  `mean_bytes`), as `compress_apply.compress_together` does."""
   leaves, treedef = jax.tree.flatten(contribs)
   res_in = ([None] * len(leaves) if residuals is None
             else treedef.flatten_up_to(residuals))
   st_in = treedef.flatten_up_to(states)
   sent, res_out, st_out = [], [], []
-  bytes_W = jnp.zeros((leaves[0].shape[0],), jnp.float32)
+  num_workers = leaves[0].shape[0]
+  bytes_W = jnp.zeros((num_workers,), jnp.float32)
+  read = 0.0
   for c_W, res_W, st in zip(leaves, res_in, st_in):
     s, r, q, b = compress_leaf(spec, c_W, res_W, st.get("q"), a_WxK,
                                experts_W)
@@ -144,6 +157,9 @@ def compress_tree(spec: compress.CompressionSpec, contribs: dict, residuals,
     res_out.append(r)
     st_out.append({"q": q} if "q" in st else {})
     bytes_W = bytes_W + b
+    if q is not None:
+      read += mean_bytes(c_W.shape[1:], q.shape[-1])
   return (treedef.unflatten(sent),
           treedef.unflatten(res_out) if spec.error_feedback else residuals,
-          treedef.unflatten(st_out), bytes_W)
+          treedef.unflatten(st_out), bytes_W,
+          jnp.full((num_workers,), read, jnp.float32))
