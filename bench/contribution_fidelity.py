@@ -221,7 +221,8 @@ class Tracker:
         [int(assignment_WxS[:, s].max()) + 1 for s in range(len(contribs))])
     sent, bytes_W = {}, jnp.zeros((num_workers,), jnp.float32)
     for s, name in enumerate(contribs):
-      sent[name], self.residuals[name], self.states[name], b = (
+      # What a worker sends; the means it reads inside the round aside.
+      sent[name], self.residuals[name], self.states[name], b, _ = (
           compress_shared.compress_tree(
               self.spec, contribs[name], self.residuals[name],
               self.states[name], mixing[s], assignment_WxS[:, s]))
