@@ -70,7 +70,10 @@ def main():
       with tarfile.open(arms) as tar:
         tar.extractall(tmp, filter="data")
       arms = pathlib.Path(tmp)
-    if not (arms / f"{args.baseline}.metrics.jsonl").exists():
+    # The baseline itself, or a larger batch's (b<N>_ of it) alone.
+    if not any(re.fullmatch(rf"(b[0-9]+_)?{re.escape(args.baseline)}"
+                            r"\.metrics\.jsonl", p.name)
+               for p in arms.glob("*.metrics.jsonl")):
       raise SystemExit(f"{args.arms}: no {args.baseline}.metrics.jsonl "
                        "(--baseline names the arm to compare against)")
     print(table(arms, args.baseline, args.inner_steps, rounds, args.window))
