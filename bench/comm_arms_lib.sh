@@ -155,7 +155,7 @@ arm_flags() {
   elif [[ -v "ARMS[$1]" ]]; then
     echo "${ARMS[$1]}"
   else
-    echo "!!! $1: no such arm" >&2; return 1
+    return 1
   fi
 }
 # Each named arm of ARMS, $lanes at once, from the stages of arm $base
