@@ -28,6 +28,10 @@
 # Then, after that call (its eager gap fell from 32 to 128 sequences),
 # NAMES="b256_m2_none_lr035 b256_m2_eager_lr035" LANES=2 with the same
 # MODEL and MAX_CHARS in a call of their own: 256 sequences, the trend.
+# Then (2026-12-03, after 256 sequences still narrowed the gap)
+# NAMES="b512_m2_none_lr035 b512_m2_eager_lr035" LANES=1 with the same MODEL
+# and MAX_CHARS: 512 sequences, one arm at a time (two lanes of 1024
+# sequences each may not fit one H200's memory).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
