@@ -30,8 +30,9 @@
 # MODEL and MAX_CHARS in a call of their own: 256 sequences, the trend.
 # Then (2026-12-03, after 256 sequences still narrowed the gap)
 # NAMES="b512_m2_none_lr035 b512_m2_eager_lr035" LANES=1 with the same MODEL
-# and MAX_CHARS: 512 sequences, one arm at a time (two lanes of 1024
-# sequences each may not fit one H200's memory).
+# and MAX_CHARS: 512 sequences, one arm at a time (chosen in case two
+# lanes of 1024 sequences did not fit; one used at most 50.8 GB, so LANES=2
+# fits on an H200).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
