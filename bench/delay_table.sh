@@ -33,6 +33,9 @@
 # and MAX_CHARS: 512 sequences, one arm at a time (chosen in case two
 # lanes of 1024 sequences did not fit; one used at most 50.8 GB, so LANES=2
 # fits on an H200).
+# Then (2026-12-03, the same lever at 42M, in what was left of a session's
+# device time): NAMES="b64_m2_none_lr035 b64_m2_eager_lr035" LANES=2 with the
+# 42M MODEL (above) plus --config.model.loss_chunk=128 and MAX_CHARS=400000000.
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
