@@ -14,7 +14,28 @@ that made it removes it at exit."""
 import atexit
 import os
 import shutil
+import sys
 import tempfile
+
+# Where bytecode is never written (PYTHONDONTWRITEBYTECODE=1, as set on
+# the 2-core test machines, while .ci/run installs with --no-compile),
+# every Python process compiles the source of JAX, Flax, Orbax and the
+# package anew at import: 2.6 s of a 5.3 s import of an island role on 2
+# cores, paid by every process a test starts (the main job's; the island
+# roles', five at a time and again after each kill). One bytecode cache for
+# the session instead, outside the source tree and site-packages
+# (PYTHONPYCACHEPREFIX), handed on through the environment like the
+# compilation cache below and removed at exit by the process that made it.
+# Python checks each cached file against its source's size and mtime, so an
+# edited module is compiled again; the same code runs either way.
+if sys.dont_write_bytecode:
+  if "PYTHONPYCACHEPREFIX" not in os.environ:
+    _PYC_DIR = tempfile.mkdtemp(prefix="dipaco_jax_tests_pyc_")
+    os.environ["PYTHONPYCACHEPREFIX"] = _PYC_DIR
+    atexit.register(shutil.rmtree, _PYC_DIR, ignore_errors=True)
+  os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+  sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
+  sys.dont_write_bytecode = False
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
