@@ -42,6 +42,7 @@ from dipaco_jax.model import layers
 from dipaco_jax.model import pipelined
 from dipaco_jax.model import transformer
 from dipaco_jax.parallel import mesh as mesh_lib
+from dipaco_jax.train import comm_shardings
 from dipaco_jax.train import merged_slots
 
 
@@ -160,7 +161,9 @@ class Runtime:
                           for name in self.slot_names},
         },
     }
-    self._add_comm_shardings(abstract, worker_vector, replicated)
+    comm_shardings.add(self.state_shardings, abstract,
+                       self.inner_param_shardings, self.bank_shardings,
+                       self.outer_tx, worker_vector, replicated)
     self.abstract_state = jax.tree.map(
         lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
         abstract, self.state_shardings)
@@ -168,42 +171,6 @@ class Runtime:
     # K steps' batches [K, W, B, L+1]: every device holds its rows of all K.
     self.steps_batch_sharding = jax.sharding.NamedSharding(
         self.mesh, jax.sharding.PartitionSpec(None, *self.batch_sharding.spec))
-
-  def _add_comm_shardings(self, abstract, worker_vector, replicated):
-    """Shardings of what DiLoCoX's communication adds to the state
-    (`diloco.comm_step`): per-worker trees like the workers' parameters,
-    the pending pseudo-gradients like the bank."""
-    inner, outer = abstract["inner"], abstract["outer"]
-    inner_sh, outer_sh = (self.state_shardings[k] for k in ("inner", "outer"))
-    for key in ("anchor", "residual", "prev_sent", "handover"):
-      if key in inner:
-        inner_sh[key] = {n: self.inner_param_shardings[n]
-                         for n in inner[key]}
-    if "eager_opt" in inner:  # Each worker's own outer optimizer state.
-      inner_sh["eager_opt"] = {n: optax.tree_map_params(
-          self.outer_tx, lambda _, sh: sh, inner["eager_opt"][n],
-          self.inner_param_shardings[n],
-          transform_non_params=lambda leaf: (
-              worker_vector if leaf.ndim else replicated))
-                               for n in inner["eager_opt"]}
-    if "codec_state" in inner:
-      inner_sh["codec_state"] = jax.tree.map(
-          lambda _: worker_vector, inner["codec_state"])
-    for key in ("sent_bytes_W", "recv_bytes_W"):
-      if key in inner:
-        inner_sh[key] = worker_vector
-    if "published" in outer:  # The workers' copy of the bank.
-      outer_sh["published"] = {n: self.bank_shardings[n]
-                               for n in outer["published"]}
-    if "published_state" in outer:  # Scalars (strided's round) per module.
-      outer_sh["published_state"] = jax.tree.map(lambda _: replicated,
-                                                 outer["published_state"])
-    if "pending" in outer:
-      outer_sh["pending"] = {n: self.bank_shardings[n]
-                             for n in outer["pending"]}
-      outer_sh["pending_users"] = {n: replicated
-                                   for n in outer["pending_users"]}
-      outer_sh["has_pending"] = replicated
 
   # --- Init -----------------------------------------------------------------
 
