@@ -174,10 +174,11 @@
 # (comm_arms_lib.sh's arm_flags), against its own batch's DiLoCo x8.
 # SparseLoCo at 126M over 150 rounds (2026-12-03; the 126M MODEL above
 # with --config.diloco.inner_steps=15 --config.ckpt.every=2250, STEPS=2250,
-# MAX_CHARS=400000000, LANES=1, BASELINE=diloco_x8
+# MAX_CHARS=400000000, LANES=2, BASELINE=diloco_x8
 # NAMES=sparseloco_senders; the arms of 2026-12-01's 100 rounds, fixed
-# before the run): the papers' >= 150 rounds, resumed across device calls
-# on one warm machine (a SIGTERM'd main.py saves and the rerun resumes).
+# before the run): the papers' >= 150 rounds, both arms at once on the
+# GPU, resumed across device calls on one warm machine (a SIGTERM'd
+# main.py saves and the rerun resumes).
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
