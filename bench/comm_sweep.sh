@@ -178,7 +178,11 @@
 # NAMES=sparseloco_senders; the arms of 2026-12-01's 100 rounds, fixed
 # before the run): the papers' >= 150 rounds, both arms at once on the
 # GPU, resumed across device calls on one warm machine (a SIGTERM'd
-# main.py saves and the rerun resumes).
+# main.py saves and the rerun resumes). Two 126M lanes do not fit one
+# H200 (the sparse arm stopped out of memory beside the baseline), so the
+# later calls ran LANES=1: about 1500 s of device time for the pair,
+# validation included, which one session's 30 minutes cannot hold with a
+# machine's start.
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
