@@ -4,6 +4,7 @@ leases with simulated workers. (The multi-process runs with kills are in
 test_islands_processes.py.)"""
 
 import dataclasses
+import json
 import pathlib
 import time
 import types
@@ -73,6 +74,21 @@ def _spec(exp, paths_per_task, steps_per_dispatch=1):
       paths_per_task=paths_per_task)
 
 
+# The worker's compiled programs of the last spec run in this process: a
+# test's island runs of one spec (kept and forgotten, a restarted
+# executor's) share them, as one worker process does across its tasks, so
+# only the first traces and compiles them. One spec at a time, so a
+# test module does not hold every test's programs.
+_PROGRAMS = {"spec": None, "programs": {}}
+
+
+def _shared_programs(spec) -> dict:
+  key = json.dumps(dataclasses.asdict(spec), sort_keys=True)
+  if _PROGRAMS["spec"] != key:
+    _PROGRAMS.update(spec=key, programs={})
+  return _PROGRAMS["programs"]
+
+
 def _islands_in_process(exp, run, paths_per_task, forget=False,
                         steps_per_dispatch=1, trace_dir=None,
                         restart_executor=False):
@@ -87,6 +103,7 @@ def _islands_in_process(exp, run, paths_per_task, forget=False,
   spec.save(run)
   runner = runner_lib.TaskRunner(run, spec, layout.ByteMeter(run, "w"),
                                  log=lambda _: None, trace_dir=trace_dir)
+  runner._programs = _shared_programs(spec)  # pylint: disable=protected-access
   with runner.tracer:
     return _run_every_task(exp, run, spec, runner, forget, restart_executor)
 
