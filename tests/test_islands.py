@@ -74,11 +74,11 @@ def _spec(exp, paths_per_task, steps_per_dispatch=1):
       paths_per_task=paths_per_task)
 
 
-# The worker's compiled programs of the last spec run in this process: a
-# test's island runs of one spec (kept and forgotten, a restarted
-# executor's) share them, as one worker process does across its tasks, so
-# only the first traces and compiles them. One spec at a time, so a
-# test module does not hold every test's programs.
+# The worker's compiled programs (`TaskRunner.program`) of the last spec
+# run in this process: a test's island runs of one spec (kept and
+# forgotten) share them, as one worker process does across its tasks, so
+# only the first traces them. The executors still build their own. One
+# spec at a time, so a test module does not hold every test's programs.
 _PROGRAMS = {"spec": None, "programs": {}}
 
 
