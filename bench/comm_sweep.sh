@@ -182,7 +182,9 @@
 # H200 (the sparse arm stopped out of memory beside the baseline), so the
 # later calls ran LANES=1: about 1500 s of device time for the pair,
 # validation included, which one session's 30 minutes cannot hold with a
-# machine's start.
+# machine's start. The sparse arm was scored alone the same day: BASELINE=
+# on a fresh machine, the same base rebuilt from its seed, two calls of
+# 572 s and 318 s.
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
