@@ -2,9 +2,9 @@
 promotion is an error, so a broadcast that only works by accident fails.
 
 One persistent compilation cache for the whole session: the tests build
-the same tiny programs over and over (a fresh Runtime per run jits anew, a
-resumed run and its uninterrupted twin, the job's processes and island
-roles started by the tests), and on a 2-core CPU compiling them is most of
+the same tiny programs over and over (a Runtime per config and process
+jits anew: the job's processes and island roles started by the tests, the
+tests of one config in another xdist worker), and on a 2-core CPU compiling them is most of
 the suite's time. An identical program (same HLO, devices, options and
 flags: JAX's cache key) runs the very executable a fresh compile gives, so
 no number changes. The directory is handed on through the environment, so

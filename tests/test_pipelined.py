@@ -33,9 +33,10 @@ def _config(shape, stages, microbatches, inner_steps, num_steps):
 
 
 def _start_like(runtime, host_state):
-  """`runtime` starts from `host_state` (a plain runtime's init, the same
-  numbers: pipelining changes only the shardings), placed by its own
-  shardings; this also spares the pipelined runtime an init compile."""
+  """`runtime` (a fresh one: this changes it) starts from `host_state` (a
+  plain runtime's init, the same numbers: pipelining changes only the
+  shardings), placed by its own shardings; this also spares the pipelined
+  runtime an init compile."""
   runtime.init_state = lambda key: jax.device_put(host_state,
                                                   runtime.state_shardings)
 
@@ -77,7 +78,8 @@ def test_four_stage_path_equals_the_plain_path():
   start = jax.device_get(plain.init_state(jax.random.key(0)))
   want_state, want_losses = _run_steps(plain, steps)
   runtime = testing.tiny_runtime(_config("1", stages, micro, 2, steps),
-                                 devices=jax.devices()[:2 * stages])
+                                 devices=jax.devices()[:2 * stages],
+                                 fresh=True)
   assert dict(runtime.mesh.shape) == {"path": 1, "stage": stages,
                                       "data": 2, "fsdp": 1, "tensor": 1}
   assert runtime.bubble_fraction == pytest.approx(3 / 7)  # (S-1)/(M+S-1)
@@ -117,7 +119,8 @@ def test_circular_schedule_equals_the_plain_path(layers, stages, micro,
   start = jax.device_get(plain.init_state(jax.random.key(0)))
   want_state, want_losses = _run_steps(plain, 4)
   runtime = testing.tiny_runtime(config(stages, micro),
-                                 devices=jax.devices()[:2 * stages])
+                                 devices=jax.devices()[:2 * stages],
+                                 fresh=True)
   assert runtime.pipeline.segments == 2
   assert runtime.bubble_fraction == pytest.approx(bubble)
   assert "circular over 2 segments" in runtime.pipeline.describe()
@@ -177,7 +180,7 @@ def test_two_stage_paths_match_plain_and_resume_mid_round(tmp_path):
   start = jax.device_get(plain_runtime.init_state(jax.random.key(0)))
   plain = loop.train(plain_runtime, data, str(tmp_path / "plain"),
                      {"h": "1"}, "plain")
-  runtime = testing.tiny_runtime(config(2))
+  runtime = testing.tiny_runtime(config(2), fresh=True)
   assert dict(runtime.mesh.shape)["stage"] == 2
   _start_like(runtime, start)
   straight = loop.train(runtime, data, str(tmp_path / "straight"),

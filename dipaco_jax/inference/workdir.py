@@ -48,7 +48,7 @@ from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.stages import feature_source as feature_source_lib
 from dipaco_jax.stages import run_configs
 from dipaco_jax.train import checkpoint as ckpt_lib
-from dipaco_jax.train import state as state_lib
+from dipaco_jax.train import shared_runtime
 
 # The run whose modules are "the trained model", first found wins.
 _MAIN_RUNS = ("dipaco_discriminative", "dipaco", "main")
@@ -146,9 +146,9 @@ class TrainedWorkdir:
           "dipaco_jax.main --config=... --workdir=...) to the end first.")
     local = _on_local_devices(run_config)
     topology = paths_lib.topology_from_config(run_config)
-    runtime = state_lib.Runtime(local, topology, self.dims,
-                                mesh_lib.make_mesh(local),
-                                np.ones(topology.num_workers))
+    runtime = shared_runtime.runtime_for(local, topology, self.dims,
+                                         mesh_lib.make_mesh(local),
+                                         np.ones(topology.num_workers))
     ckpt = ckpt_lib.Checkpointer(str(run_dir / "checkpoints"), every=0,
                                  keep=run_config.ckpt.keep, async_save=False)
     try:

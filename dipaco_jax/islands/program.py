@@ -17,7 +17,7 @@ from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
-from dipaco_jax.train import state as state_lib
+from dipaco_jax.train import shared_runtime
 
 
 def _abstract(tree):
@@ -55,9 +55,9 @@ class GroupProgram:
         assignment_WxS=np.tile(np.arange(group_size, dtype=np.int32)[:, None],
                                (1, len(slots))))
     dims = layers.dims_from_config(config.model, spec.vocab_size)
-    self.runtime = state_lib.Runtime(config, topology, dims,
-                                     mesh_lib.make_mesh(config),
-                                     np.ones(group_size))
+    self.runtime = shared_runtime.runtime_for(config, topology, dims,
+                                              mesh_lib.make_mesh(config),
+                                              np.ones(group_size))
     boxed = self.runtime.boxed_path_params()
     path = _abstract(nn.unbox(boxed))
     self.module_like = {s.name: path[s.name] for s in full.slots}

@@ -51,7 +51,7 @@ from dipaco_jax.store import atomic
 from dipaco_jax.train import checkpoint as ckpt_lib
 from dipaco_jax.train import metrics as metrics_lib
 from dipaco_jax.train import loop
-from dipaco_jax.train import state as state_lib
+from dipaco_jax.train import shared_runtime
 
 
 # The runs' configs and hashes (`stages/run_configs.py`), under the names
@@ -259,8 +259,9 @@ class Experiment:
                               np.float64)
     self.dims = layers.dims_from_config(config.model, data.vocab_size)
     self.mesh = mesh_lib.make_mesh(config)
-    self.runtime = state_lib.Runtime(config, self.topology, self.dims,
-                                     self.mesh, self.weights_W)
+    self.runtime = shared_runtime.runtime_for(config, self.topology,
+                                              self.dims, self.mesh,
+                                              self.weights_W)
     self.hashes = {"config": config_hash_of_run(self.run_dir, config),
                    **data.hashes,
                    **{f"shards_{k}": v for k, v in manifest["hashes"].items()

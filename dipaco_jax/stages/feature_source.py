@@ -12,15 +12,15 @@ from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
 from dipaco_jax.routing import features as features_lib
 from dipaco_jax.stages import experiment as experiment_lib
-from dipaco_jax.train import state as state_lib
+from dipaco_jax.train import shared_runtime
 
 
 def _fresh_bank(config, data):
   """The initial (random) module bank, for routing without a base."""
   topology = paths_lib.topology_from_config(config)
-  runtime = state_lib.Runtime(config, topology, layers.dims_from_config(
-      config.model, data.vocab_size), mesh_lib.make_mesh(config),
-                              np.ones(topology.num_workers))
+  runtime = shared_runtime.runtime_for(
+      config, topology, layers.dims_from_config(config.model, data.vocab_size),
+      mesh_lib.make_mesh(config), np.ones(topology.num_workers))
   return runtime.init_state(jax.random.key(config.seed))["outer"]["params"]
 
 

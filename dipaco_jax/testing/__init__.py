@@ -7,6 +7,7 @@ from dipaco_jax import config_base
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.model import layers
 from dipaco_jax.parallel import mesh as mesh_lib
+from dipaco_jax.train import shared_runtime
 from dipaco_jax.train import state as state_lib
 
 TINY_VOCAB = 97
@@ -33,15 +34,20 @@ def tiny_config(shape="1x1", replicas=1, inner_steps=0, num_steps=8):
 
 
 def tiny_runtime(config, vocab_size=TINY_VOCAB, weights_W=None,
-                 devices=None):
+                 devices=None, fresh=False):
+  """The Runtime of `config`: the one built last for an equal config
+  (`train/shared_runtime.py`: a resumed run and its uninterrupted twin
+  trace their programs once), or with `fresh` a new one, for a test that
+  changes it."""
   config_base.validate(config, len(devices or jax.devices()))
   topology = paths_lib.topology_from_config(config)
   dims = layers.dims_from_config(config.model, vocab_size)
   mesh = mesh_lib.make_mesh(config, devices)
   if weights_W is None:
     weights_W = np.ones(topology.num_workers)
-  return state_lib.Runtime(config, topology, dims, mesh,
-                           np.asarray(weights_W, np.float64))
+  build = state_lib.Runtime if fresh else shared_runtime.runtime_for
+  return build(config, topology, dims, mesh,
+               np.asarray(weights_W, np.float64))
 
 
 def comm_config(**diloco):
