@@ -4,8 +4,8 @@ promotion is an error, so a broadcast that only works by accident fails.
 One persistent compilation cache for the whole session: the tests build
 the same tiny programs over and over (a Runtime per config and process
 jits anew: the job's processes and island roles started by the tests, the
-tests of one config in another xdist worker), and on a 2-core CPU compiling them is most of
-the suite's time. An identical program (same HLO, devices, options and
+tests of one config in another xdist worker), and a 2-core CPU has no time
+to compile them again. An identical program (same HLO, devices, options and
 flags: JAX's cache key) runs the very executable a fresh compile gives, so
 no number changes. The directory is handed on through the environment, so
 the xdist workers and every process a test starts share it; the process
