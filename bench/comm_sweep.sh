@@ -185,6 +185,10 @@
 # machine's start. The sparse arm was scored alone the same day: BASELINE=
 # on a fresh machine, the same base rebuilt from its seed, two calls of
 # 572 s and 318 s.
+# SparseLoCo at 42M over 150 rounds (2026-12-03, fixed before the run: the
+# size trend at the papers' round count): the 42M MODEL above with
+# --config.diloco.inner_steps=15 --config.ckpt.every=750 --config.ckpt.keep=1,
+# STEPS=2250, MAX_CHARS=400000000, LANES=2, NAMES=sparseloco_senders.
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]

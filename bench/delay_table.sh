@@ -36,6 +36,10 @@
 # Then (2026-12-03, the same lever at 42M, in what was left of a session's
 # device time): NAMES="b64_m2_none_lr035 b64_m2_eager_lr035" LANES=2 with the
 # 42M MODEL (above) plus --config.model.loss_chunk=128 and MAX_CHARS=400000000.
+# Then (2026-12-03, fixed before the run: the paper's H = 30, which took a
+# third off eager's gap at 32 sequences, with 64): STEPS=4500 H=30 LANES=2
+# NAMES="b64_m2_none_lr035 b64_m2_eager_lr035", the same MODEL plus
+# --config.ckpt.every=1500 --config.ckpt.keep=1.
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
