@@ -22,8 +22,8 @@ What each sets, and why (the measurements: docs/communication.md):
               error feedback decayed by 0.95, outer averaging (SGD lr 1, no
               momentum: the feedback acts as momentum), each coordinate
               averaged over its senders. 136.5x fewer bytes up; DiLoCo x8 on
-              one H200 with rounds of H = 15: +2.67% at 126M, +4.47% at 42M
-              (100 rounds), +7.14% at 8.4M (150 rounds); +10.50% and
+              one H200 over 150 rounds of H = 15: +2.53% at 126M, +4.23% at
+              42M, +7.14% at 8.4M; +10.50% and
               +22.65% at 42M and 8.4M with H = 50 (30 rounds; +73% and
               +200% with the mean). Shorter rounds are the lever: set H
               yourself (diloco.inner_steps), the preset does not. Nor does
