@@ -14,10 +14,11 @@ What each sets, and why (the measurements: docs/communication.md):
               round late (tau = H / 10), int4 + error feedback up, int4
               changes down. DiLoCo x8: +0.36% at 7.8x fewer bytes both ways
               (1 x H200).
-  dilocox     DiLoCoX's one-round delay at outer lr 1.0 (the best of the
-              delay's outer-lr sweeps; at 0.7 it cost 18.6% and more), int4
-              + error feedback. DiLoCoX's low rank is left out: it cost
-              +300% at 305x fewer bytes.
+  dilocox     DiLoCoX's one-round delay at the outer lr measured best for
+              the round length: 1.0 (at H = 50 lr 0.7 cost 18.6% and more),
+              but 0.7, the default, at H <= 15 (there lr 1.0 cost +26.61%
+              against +9.58%), int4 + error feedback. DiLoCoX's low rank is
+              left out: it cost +300% at 305x fewer bytes.
   sparseloco  SparseLoCo: top 64 of every 4096 entries with 2-bit values,
               error feedback decayed by 0.95, outer averaging (SGD lr 1, no
               momentum: the feedback acts as momentum), each coordinate
@@ -42,6 +43,13 @@ import numpy as np
 
 from dipaco_jax import config_fields
 
+# Rounds of at most this many inner steps are "short": the delays' outer lrs
+# were measured at H = 15 and at H = 50, and the best one_round lr flips
+# between them (0.7 at H = 15, 1.0 at H = 50; docs/communication.md).
+SHORT_ROUNDS = 15
+ONE_ROUND_LR_SHORT = 0.7
+EAGER_LR_SHORT = 0.35
+
 # Field -> value, or a function of config.diloco for values that follow H.
 PRESETS = {
     "streaming": {
@@ -50,7 +58,9 @@ PRESETS = {
         "compression": "int4", "error_feedback": True,
         "download_compression": "int4"},
     "dilocox": {
-        "delay": "one_round", "outer_lr": 1.0,
+        "delay": "one_round",
+        "outer_lr": lambda d: ONE_ROUND_LR_SHORT if (
+            d.inner_steps <= SHORT_ROUNDS) else 1.0,
         "compression": "int4", "error_feedback": True},
     "sparseloco": {
         "compression": "topk", "compression_topk_chunk": 4096,
@@ -102,23 +112,25 @@ def warnings(config) -> list[str]:
   d = config.diloco
   if d.inner_steps < 1:
     return []
-  comms = comm_lib.comm_by_slot(
-      config, paths_lib.topology_from_config(config).slots).values()
+  topology = paths_lib.topology_from_config(config)
+  comms = comm_lib.comm_by_slot(config, topology.slots).values()
   delays = {c.delay for c in comms}
   codecs = {c.spec.name for c in comms}
   nesterov = d.outer_optimizer == "nesterov" and d.outer_momentum > 0
   out = []
+  # The most users of one module (8 for DiLoCo x8, 4 for DiPaCo 2x2's
+  # shared module).
+  users = int(max(float(jnp.max(u)) for u in outer_lib.users_per_module(
+      topology.assignment_WxS, np.ones(topology.num_workers),
+      [slot.num_experts for slot in topology.slots])))
   late = delays & {"one_round", "lookahead", "eager"}
   if late and nesterov and d.inner_steps >= 500:
     out.append(f"delay {'/'.join(sorted(late))} with outer Nesterov at H = "
                f"{d.inner_steps} diverged at H = 500 and 1000; use outer "
                "averaging (diloco.outer_optimizer=sgd, outer_lr=1.0, "
                "outer_momentum=0).")
-  elif late and nesterov and d.outer_lr < 1.0:
-    out.append(f"delay {'/'.join(sorted(late))} at outer lr {d.outer_lr:g} "
-               "cost 18.6% and more in perplexity (DiLoCo x8; +45% on DiPaCo "
-               "2x2); set diloco.outer_lr=1.0 (diloco.preset=dilocox), or "
-               "use delay=overlap (diloco.preset=streaming).")
+  else:
+    out += _late_delay_warnings(d, late, nesterov, users)
   if "naive" in delays:
     out.append("delay naive is the eager paper's lower bound (workers drop "
                "their own round); train with overlap or one_round.")
@@ -153,7 +165,6 @@ def warnings(config) -> list[str]:
     out.append("compression leader_topk cost +248% at 136.5x fewer bytes "
                "both ways (8.4M, 150 rounds): one worker's top-k is not "
                "what the others need; use topk (diloco.preset=sparseloco).")
-  topology = paths_lib.topology_from_config(config)
   is_dipaco = any(slot.num_experts > 1 for slot in topology.slots)
   if is_dipaco and nesterov and d.inner_steps <= 15:
     # Measured, not derived (one GPU run; DiLoCo x8's toy went the other
@@ -170,9 +181,6 @@ def warnings(config) -> list[str]:
   if topk_down:
     # A module's change after the outer step covers up to its users' top-k
     # entries together: a download thinner than that trails far behind.
-    users = int(max(float(jnp.max(u)) for u in outer_lib.users_per_module(
-        topology.assignment_WxS, np.ones(topology.num_workers),
-        [slot.num_experts for slot in topology.slots])))
     thin = [c for c in topk_down if c.download_spec.topk_fraction
             < min(1.0, users * c.spec.topk_fraction) - 1e-12]
     if thin:
@@ -183,6 +191,41 @@ def warnings(config) -> list[str]:
           "upload's share; at the users' share it cost nothing over float32 "
           "downloads (8.4M, 32x fewer bytes both ways): set "
           f"diloco.download_topk_fraction={want:g}.")
+  return out
+
+
+def _late_delay_warnings(d, late: set, nesterov: bool, users: int
+                         ) -> list[str]:
+  """The late delays' outer lr, by the round length it was measured at
+  (DiLoCo x8 of 8.4M unless said; between H = 15 and 50, and for a
+  lookahead at short rounds, nothing was measured, so nothing is said),
+  and eager at many replicas, where it is far behind one_round."""
+  out = []
+  rounds = sorted(late - {"eager"})
+  short = d.inner_steps <= SHORT_ROUNDS
+  if rounds and nesterov and d.inner_steps >= 50 and d.outer_lr < 1.0:
+    out.append(f"delay {'/'.join(rounds)} at outer lr {d.outer_lr:g} "
+               "cost 18.6% and more in perplexity at H = 50 (DiLoCo x8; "
+               "+45% on DiPaCo 2x2); set diloco.outer_lr=1.0 "
+               "(diloco.preset=dilocox), or use delay=overlap "
+               "(diloco.preset=streaming).")
+  if ("one_round" in late and nesterov and short
+      and d.outer_lr > ONE_ROUND_LR_SHORT):
+    out.append(f"delay one_round at outer lr {d.outer_lr:g} with rounds of "
+               f"H = {d.inner_steps}: at H = 15 outer lr 1.0 cost +26.61% "
+               "against +9.58% at 0.7 (DiLoCo x8; +34.48% against +15.59% "
+               f"at 2 replicas); set diloco.outer_lr={ONE_ROUND_LR_SHORT:g}.")
+  if "eager" in late and users >= 8:
+    out.append(f"delay eager with {users} users of a module cost +42.30% at "
+               "8 replicas against one_round's +9.58% (H = 15): a worker's "
+               "own fresh round is an eighth of its estimate; use "
+               "delay=one_round or overlap, or eager at 2 replicas.")
+  elif ("eager" in late and nesterov and short
+        and d.outer_lr > EAGER_LR_SHORT):
+    out.append(f"delay eager at outer lr {d.outer_lr:g}: at H = 15 outer lr "
+               "0.7 cost +17.68% against +3.81% at 0.35 (42M, 2 replicas; "
+               "+19.26% against +11.90% at 8.4M); set "
+               f"diloco.outer_lr={EAGER_LR_SHORT:g}.")
   return out
 
 
