@@ -166,7 +166,7 @@ def warnings(config) -> list[str]:
                "both ways (8.4M, 150 rounds): one worker's top-k is not "
                "what the others need; use topk (diloco.preset=sparseloco).")
   is_dipaco = any(slot.num_experts > 1 for slot in topology.slots)
-  if is_dipaco and nesterov and d.inner_steps <= 15:
+  if is_dipaco and nesterov and d.inner_steps <= SHORT_ROUNDS:
     # Measured, not derived (one GPU run; DiLoCo x8's toy went the other
     # way): a guess at why is momentum 0.9 carrying each round's step ~10
     # rounds on while a module's average over its few users is noisy.
