@@ -40,6 +40,12 @@
 # third off eager's gap at 32 sequences, with 64): STEPS=4500 H=30 LANES=2
 # NAMES="b64_m2_none_lr035 b64_m2_eager_lr035", the same MODEL plus
 # --config.ckpt.every=1500 --config.ckpt.keep=1.
+# Then (2026-12-03, fixed before the run: a lower outer lr, as halving it
+# from 0.7 to 0.35 took two fifths off eager's gap at 8.4M, H = 15):
+# STEPS=4500 H=30 LANES=4 NAMES="m2_none_lr035 m2_none_lr02 m2_eager_lr02
+# m2_eager_lr025" with the 42M MODEL plus --config.ckpt.every=1500
+# --config.ckpt.keep=1, 32 sequences per replica step; each eager arm
+# against the better of the two no-delay arms.
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
@@ -66,6 +72,9 @@ for m in 2 8; do
   ARMS[m${m}_one_round_lr1]="$r $d.delay=one_round $d.outer_lr=1.0"
   ARMS[m${m}_eager_lr035]="$r $d.delay=eager $d.outer_lr=0.35"
   ARMS[m${m}_none_lr035]="$r $d.outer_lr=0.35"
+  ARMS[m${m}_none_lr02]="$r $d.outer_lr=0.2"
+  ARMS[m${m}_eager_lr02]="$r $d.delay=eager $d.outer_lr=0.2"
+  ARMS[m${m}_eager_lr025]="$r $d.delay=eager $d.outer_lr=0.25"
 done
 # shellcheck disable=SC2086
 base=_stages run_lanes ${NAMES:-m2_none m2_naive m2_one_round m2_eager \
