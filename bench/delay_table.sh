@@ -45,7 +45,10 @@
 # STEPS=4500 H=30 LANES=4 NAMES="m2_none_lr035 m2_none_lr02 m2_eager_lr02
 # m2_eager_lr025" with the 42M MODEL plus --config.ckpt.every=1500
 # --config.ckpt.keep=1, 32 sequences per replica step; each eager arm
-# against the better of the two no-delay arms.
+# against the better of the two no-delay arms. Then, after those lost,
+# eager at 0.35, 0.4, 0.45 and 0.55 by main.py with this script's flags
+# in the same work folder (bench/results/communication_1xh200_2026-12-03/
+# eager_42m_m2_h30_outer_lr.md has the command).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]

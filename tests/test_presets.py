@@ -110,6 +110,14 @@ def test_late_delays_are_warned_by_the_round_length_they_were_measured_at():
   assert len(two) == 1 and "outer_lr=0.35" in two[0]
   assert presets.warnings(_diloco_x(2, 15, delay="eager",
                                     outer_lr=0.35)) == []
+  # At H = 30 lr 0.35 to 0.45 measured alike, 0.55 worse; above 30, nothing.
+  (thirty,) = presets.warnings(_diloco_x(2, 30, delay="eager",
+                                         outer_lr=0.55))
+  assert "H = 30" in thirty and "outer_lr=0.4" in thirty
+  for lr in (0.35, 0.45):
+    assert presets.warnings(_diloco_x(2, 30, delay="eager",
+                                      outer_lr=lr)) == []
+  assert presets.warnings(_diloco_x(2, 50, delay="eager")) == []
   for h in (15, 50):
     (eight,) = presets.warnings(_diloco_x(8, h, delay="eager",
                                           outer_lr=0.35))

@@ -49,6 +49,11 @@ from dipaco_jax import config_fields
 SHORT_ROUNDS = 15
 ONE_ROUND_LR_SHORT = 0.7
 EAGER_LR_SHORT = 0.35
+# eager was also measured at H = 30 (42M, 2 replicas): flat from lr 0.35 to
+# 0.45 (+2.68%, +2.47%, +2.52%), worse at 0.55 (+3.43%).
+EAGER_ROUNDS = 30
+EAGER_LR = 0.4
+EAGER_LR_MAX = 0.45
 
 # Field -> value, or a function of config.diloco for values that follow H.
 PRESETS = {
@@ -197,8 +202,9 @@ def warnings(config) -> list[str]:
 def _late_delay_warnings(d, late: set, nesterov: bool, users: int
                          ) -> list[str]:
   """The late delays' outer lr, by the round length it was measured at
-  (DiLoCo x8 of 8.4M unless said; between H = 15 and 50, and for a
-  lookahead at short rounds, nothing was measured, so nothing is said),
+  (DiLoCo x8 of 8.4M unless said; one_round between H = 15 and 50, eager
+  above H = 30 and a lookahead at short rounds were not measured, so
+  nothing is said of them),
   and eager at many replicas, where it is far behind one_round."""
   out = []
   rounds = sorted(late - {"eager"})
@@ -226,6 +232,12 @@ def _late_delay_warnings(d, late: set, nesterov: bool, users: int
                "0.7 cost +17.68% against +3.81% at 0.35 (42M, 2 replicas; "
                "+19.26% against +11.90% at 8.4M); set "
                f"diloco.outer_lr={EAGER_LR_SHORT:g}.")
+  elif ("eager" in late and nesterov and not short
+        and d.inner_steps <= EAGER_ROUNDS and d.outer_lr > EAGER_LR_MAX):
+    out.append(f"delay eager at outer lr {d.outer_lr:g} with rounds of "
+               f"H = {d.inner_steps}: at H = 30 outer lr 0.55 cost +3.43% "
+               "against +2.47% at 0.4 (42M, 2 replicas; 0.35 to 0.45 about "
+               f"the same); set diloco.outer_lr={EAGER_LR:g}.")
   return out
 
 
