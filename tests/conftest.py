@@ -105,3 +105,9 @@ def pytest_configure(config):
   # deals them out in turn (`--maxschedchunk` on the command line wins).
   if getattr(config.option, "maxschedchunk", 0) is None:
     config.option.maxschedchunk = 2
+  # ml_collections loads a config file with SourceFileLoader.load_module,
+  # which Python deprecates (one warning per file loaded, raised inside
+  # importlib, so only its message names it). Ours never calls it.
+  config.addinivalue_line(
+      "filterwarnings",
+      r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
