@@ -65,6 +65,15 @@
 # workers' top-k together): whether the count of entries a round or the
 # one worker's choice of them is the cost:
 #   NAMES="leader_topk8x_both" bash bench/sparse_aggregate_toy.sh OUT
+# One round late against eager at M = 2, each at both outer lrs, and both
+# at outer momentum 0.8 (2026-12-03, fixed before the run, after eager at
+# 42M, H = 30 had no better outer lr than 0.35-0.45: whether our
+# one_round, which keeps a worker's whole round, does better than eager
+# at the lr that suits eager, and whether less momentum, which carries
+# each round's stale share on, narrows eager's gap):
+#   REPLICAS=2 NAMES="plain_nesterov plain_nesterov_lr035 eager_nesterov_lr035
+#   one_round_nesterov one_round_nesterov_lr035 plain_nesterov_lr035_m08
+#   eager_nesterov_lr035_m08" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -116,6 +125,11 @@ declare -A ARMS=(
   [eager_nesterov]="--config.diloco.delay=eager $nesterov"
   [eager_nesterov_lr035]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.35"
   [naive_nesterov]="--config.diloco.delay=naive $nesterov"
+  [plain_nesterov_lr035]="$nesterov --config.diloco.outer_lr=0.35"
+  [one_round_nesterov]="--config.diloco.delay=one_round $nesterov"
+  [one_round_nesterov_lr035]="--config.diloco.delay=one_round $nesterov --config.diloco.outer_lr=0.35"
+  [plain_nesterov_lr035_m08]="$nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.8"
+  [eager_nesterov_lr035_m08]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.8"
   [topk2x_senders]="$topk2x"
   [senders_nesterov]="${senders[*]} $nesterov"
   [topk2x_nesterov_noef]="$topk2x --config.diloco.error_feedback=False $nesterov"
