@@ -74,6 +74,11 @@
 #   REPLICAS=2 NAMES="plain_nesterov plain_nesterov_lr035 eager_nesterov_lr035
 #   one_round_nesterov one_round_nesterov_lr035 plain_nesterov_lr035_m08
 #   eager_nesterov_lr035_m08" bash bench/sparse_aggregate_toy.sh OUT
+# then, after momentum 0.8 took more than half off eager's gap there (and
+# made no delay better too), momentum 0.8 at the default lr 0.7 and 0.6 at
+# lr 0.35, for both:
+#   REPLICAS=2 NAMES="plain_nesterov_m08 eager_nesterov_m08
+#   plain_nesterov_lr035_m06 eager_nesterov_lr035_m06" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -129,6 +134,10 @@ declare -A ARMS=(
   [one_round_nesterov]="--config.diloco.delay=one_round $nesterov"
   [one_round_nesterov_lr035]="--config.diloco.delay=one_round $nesterov --config.diloco.outer_lr=0.35"
   [plain_nesterov_lr035_m08]="$nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.8"
+  [plain_nesterov_m08]="$nesterov --config.diloco.outer_momentum=0.8"
+  [eager_nesterov_m08]="--config.diloco.delay=eager $nesterov --config.diloco.outer_momentum=0.8"
+  [plain_nesterov_lr035_m06]="$nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.6"
+  [eager_nesterov_lr035_m06]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.6"
   [eager_nesterov_lr035_m08]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.8"
   [topk2x_senders]="$topk2x"
   [senders_nesterov]="${senders[*]} $nesterov"
