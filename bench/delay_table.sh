@@ -49,6 +49,12 @@
 # eager at 0.35, 0.4, 0.45 and 0.55 by main.py with this script's flags
 # in the same work folder (bench/results/communication_1xh200_2026-12-03/
 # eager_42m_m2_h30_outer_lr.md has the command).
+# Next (fixed 2026-12-03, not yet run: on a CPU toy outer momentum 0.8 made
+# no delay 11.5% better and narrowed eager's gap at one outer step;
+# bench/results/communication_cpu_2026-12-03/eager_m2_momentum_toy.md):
+# STEPS=4500 H=30 LANES=4 NAMES="m2_none_lr035 m2_none_m08 m2_eager_lr035
+# m2_eager_lr035_m08" with the 42M MODEL plus --config.ckpt.every=1500
+# --config.ckpt.keep=1; each eager arm against the better no-delay arm.
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
@@ -78,6 +84,8 @@ for m in 2 8; do
   ARMS[m${m}_none_lr02]="$r $d.outer_lr=0.2"
   ARMS[m${m}_eager_lr02]="$r $d.delay=eager $d.outer_lr=0.2"
   ARMS[m${m}_eager_lr025]="$r $d.delay=eager $d.outer_lr=0.25"
+  ARMS[m${m}_none_m08]="$r $d.outer_momentum=0.8"
+  ARMS[m${m}_eager_lr035_m08]="$r $d.delay=eager $d.outer_lr=0.35 $d.outer_momentum=0.8"
 done
 # shellcheck disable=SC2086
 base=_stages run_lanes ${NAMES:-m2_none m2_naive m2_one_round m2_eager \
