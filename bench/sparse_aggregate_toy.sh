@@ -79,6 +79,9 @@
 # lr 0.35, for both:
 #   REPLICAS=2 NAMES="plain_nesterov_m08 eager_nesterov_m08
 #   plain_nesterov_lr035_m06 eager_nesterov_lr035_m06" bash bench/sparse_aggregate_toy.sh OUT
+# then around the best of each (no delay 0.7 / 0.8, eager 0.35 / 0.8):
+#   REPLICAS=2 NAMES="plain_nesterov_m07 plain_nesterov_lr1_m08
+#   eager_nesterov_lr05_m08 eager_nesterov_lr035_m07" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -138,6 +141,10 @@ declare -A ARMS=(
   [eager_nesterov_m08]="--config.diloco.delay=eager $nesterov --config.diloco.outer_momentum=0.8"
   [plain_nesterov_lr035_m06]="$nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.6"
   [eager_nesterov_lr035_m06]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.6"
+  [plain_nesterov_m07]="$nesterov --config.diloco.outer_momentum=0.7"
+  [plain_nesterov_lr1_m08]="$nesterov --config.diloco.outer_lr=1.0 --config.diloco.outer_momentum=0.8"
+  [eager_nesterov_lr05_m08]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.5 --config.diloco.outer_momentum=0.8"
+  [eager_nesterov_lr035_m07]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.7"
   [eager_nesterov_lr035_m08]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.8"
   [topk2x_senders]="$topk2x"
   [senders_nesterov]="${senders[*]} $nesterov"
