@@ -82,6 +82,9 @@
 # then around the best of each (no delay 0.7 / 0.8, eager 0.35 / 0.8):
 #   REPLICAS=2 NAMES="plain_nesterov_m07 plain_nesterov_lr1_m08
 #   eager_nesterov_lr05_m08 eager_nesterov_lr035_m07" bash bench/sparse_aggregate_toy.sh OUT
+# and whether DiLoCo x8, the baseline of the compression tables, also
+# gains from momentum 0.8 (the default shape, 8 replicas):
+#   NAMES="plain_nesterov plain_nesterov_m08" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
