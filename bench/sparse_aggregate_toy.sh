@@ -85,6 +85,12 @@
 # and whether DiLoCo x8, the baseline of the compression tables, also
 # gains from momentum 0.8 (the default shape, 8 replicas):
 #   NAMES="plain_nesterov plain_nesterov_m08" bash bench/sparse_aggregate_toy.sh OUT
+# and whether top-k over its senders, with its decayed error feedback,
+# trains under outer Nesterov at a lower momentum (at 0.9 it did not: the
+# feedback's release through the momentum), which would let SparseLoCo's
+# recipe take the outer step that beats averaging by 28% here:
+#   NAMES="topk_senders_nesterov_m06 topk_senders_nesterov_lr1_m05
+#   topk_senders_nesterov_lr035_m08" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -148,6 +154,9 @@ declare -A ARMS=(
   [plain_nesterov_lr1_m08]="$nesterov --config.diloco.outer_lr=1.0 --config.diloco.outer_momentum=0.8"
   [eager_nesterov_lr05_m08]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.5 --config.diloco.outer_momentum=0.8"
   [eager_nesterov_lr035_m07]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.7"
+  [topk_senders_nesterov_m06]="${senders[*]} $nesterov --config.diloco.outer_momentum=0.6"
+  [topk_senders_nesterov_lr1_m05]="${senders[*]} $nesterov --config.diloco.outer_lr=1.0 --config.diloco.outer_momentum=0.5"
+  [topk_senders_nesterov_lr035_m08]="${senders[*]} $nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.8"
   [eager_nesterov_lr035_m08]="--config.diloco.delay=eager $nesterov --config.diloco.outer_lr=0.35 --config.diloco.outer_momentum=0.8"
   [topk2x_senders]="$topk2x"
   [senders_nesterov]="${senders[*]} $nesterov"
