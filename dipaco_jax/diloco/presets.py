@@ -48,12 +48,17 @@ from dipaco_jax import config_fields
 # between them (0.7 at H = 15, 1.0 at H = 50; docs/communication.md).
 SHORT_ROUNDS = 15
 ONE_ROUND_LR_SHORT = 0.7
-EAGER_LR_SHORT = 0.35
-# eager was also measured at H = 30 (42M, 2 replicas): flat from lr 0.35 to
-# 0.45 (+2.68%, +2.47%, +2.52%), worse at 0.55 (+3.43%).
-EAGER_ROUNDS = 30
-EAGER_LR = 0.4
-EAGER_LR_MAX = 0.45
+# eager's outer lr by the round lengths it was measured at (42M, 2
+# replicas): (rounds up to H, warn above lr, the lr to set, the evidence).
+# Above the last H nothing was measured, so nothing is said.
+EAGER_LR_BY_ROUNDS = (
+    (SHORT_ROUNDS, 0.35, 0.35,
+     "at H = 15 outer lr 0.7 cost +17.68% against +3.81% at 0.35 (42M, 2 "
+     "replicas; +19.26% against +11.90% at 8.4M)"),
+    (30, 0.45, 0.4,
+     "at H = 30 outer lr 0.55 cost +3.43% against +2.47% at 0.4 (42M, 2 "
+     "replicas; 0.35 to 0.45 about the same)"),
+)
 
 # Field -> value, or a function of config.diloco for values that follow H.
 PRESETS = {
@@ -226,18 +231,14 @@ def _late_delay_warnings(d, late: set, nesterov: bool, users: int
                "8 replicas against one_round's +9.58% (H = 15): a worker's "
                "own fresh round is an eighth of its estimate; use "
                "delay=one_round or overlap, or eager at 2 replicas.")
-  elif ("eager" in late and nesterov and short
-        and d.outer_lr > EAGER_LR_SHORT):
-    out.append(f"delay eager at outer lr {d.outer_lr:g}: at H = 15 outer lr "
-               "0.7 cost +17.68% against +3.81% at 0.35 (42M, 2 replicas; "
-               "+19.26% against +11.90% at 8.4M); set "
-               f"diloco.outer_lr={EAGER_LR_SHORT:g}.")
-  elif ("eager" in late and nesterov and not short
-        and d.inner_steps <= EAGER_ROUNDS and d.outer_lr > EAGER_LR_MAX):
-    out.append(f"delay eager at outer lr {d.outer_lr:g} with rounds of "
-               f"H = {d.inner_steps}: at H = 30 outer lr 0.55 cost +3.43% "
-               "against +2.47% at 0.4 (42M, 2 replicas; 0.35 to 0.45 about "
-               f"the same); set diloco.outer_lr={EAGER_LR:g}.")
+  elif "eager" in late and nesterov:
+    measured = [rule for rule in EAGER_LR_BY_ROUNDS
+                if d.inner_steps <= rule[0]]
+    if measured and d.outer_lr > measured[0][1]:
+      _, _, lr, evidence = measured[0]
+      out.append(f"delay eager at outer lr {d.outer_lr:g} with rounds of "
+                 f"H = {d.inner_steps}: {evidence}; set "
+                 f"diloco.outer_lr={lr:g}.")
   return out
 
 
