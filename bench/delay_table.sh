@@ -49,14 +49,14 @@
 # eager at 0.35, 0.4, 0.45 and 0.55 by main.py with this script's flags
 # in the same work folder (bench/results/communication_1xh200_2026-12-03/
 # eager_42m_m2_h30_outer_lr.md has the command).
-# Next (fixed 2026-12-03, not yet run: on a CPU toy outer momentum 0.8 made
-# no delay 11.5% better and narrowed eager's gap at one outer step;
-# bench/results/communication_cpu_2026-12-03/eager_m2_momentum_toy.md):
-# STEPS=4500 H=30 LANES=4 NAMES="m2_none_lr035 m2_none_m08 m2_eager_lr035_m08
-# m2_eager_lr05_m08" with the 42M MODEL plus --config.ckpt.every=1500
-# --config.ckpt.keep=1 (eager at 0.5 / 0.8: the toy's best eager step; at
-# 0.35 / 0.9 it scored 4.980 and 4.989 in two calls); each eager arm
-# against the better no-delay arm.
+# Then (fixed 2026-12-04 before the run, in place of the momentum arms
+# planned on 2026-12-03 and not run: on the CPU toy less momentum helped no
+# delay as much as eager, while the batch is the lever that brought eager
+# within 1% at 8.4M): STEPS=4500 H=30 LANES=2 NAMES="b128_m2_none_lr035
+# b128_m2_eager_lr035" with the 42M MODEL plus --config.model.loss_chunk=128
+# --config.ckpt.every=1500 --config.ckpt.keep=1, the H = 30 batch trend's
+# third row (32, 64, 128 sequences, all at outer lr 0.35). Not yet run:
+# m2_none_m08 m2_eager_lr035_m08 m2_eager_lr05_m08 (outer momentum 0.8).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
