@@ -55,8 +55,11 @@
 # within 1% at 8.4M): STEPS=4500 H=30 LANES=2 NAMES="b128_m2_none_lr035
 # b128_m2_eager_lr035" with the 42M MODEL plus --config.model.loss_chunk=128
 # --config.ckpt.every=1500 --config.ckpt.keep=1, the H = 30 batch trend's
-# third row (32, 64, 128 sequences, all at outer lr 0.35). Not yet run:
-# m2_none_m08 m2_eager_lr035_m08 m2_eager_lr05_m08 (outer momentum 0.8).
+# third row (32, 64, 128 sequences, all at outer lr 0.35). Then, in the
+# session's last device minutes (2026-12-04, a fresh machine), the momentum
+# arms planned on 2026-12-03 but m2_eager_lr05_m08: STEPS=4500 H=30 LANES=3
+# NAMES="m2_none_lr035 m2_none_m08 m2_eager_lr035_m08" with the same MODEL
+# (bench/results/communication_1xh200_2026-12-04/).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
