@@ -156,8 +156,10 @@
 # leader_topk (ScaleCom's cyclic local top-k: a module's users send on one
 # support a round, their leader's, so a download at the upload's share can
 # carry the change); built after strided failed, arms fixed before any
-# run, not yet run (NAMES="sparseloco_senders leader_sparseloco
-# leader_sparseloco_both leader2x_both"):
+# run, run 2026-12-01 with MODEL="--config.diloco.inner_steps=15"
+# STEPS=2250 LANES=5 (NAMES="sparseloco_senders leader_sparseloco
+# leader_sparseloco_both leader2x_both"; bench/results/
+# communication_1xh200_2026-12-01/leader_topk_8m_h15.md):
 #   leader_sparseloco     sparseloco_senders' flags with compression=
 #                         leader_topk and the mean (one support: senders
 #                         is top-k's only), float32 down
@@ -189,6 +191,15 @@
 # size trend at the papers' round count): the 42M MODEL above with
 # --config.diloco.inner_steps=15 --config.ckpt.every=750 --config.ckpt.keep=1,
 # STEPS=2250, MAX_CHARS=400000000, LANES=2, NAMES=sparseloco_senders.
+# Next (fixed 2026-12-04, not yet run): is the tables' DiLoCo x8 at outer
+# Nesterov 0.7 / 0.9 a tuned baseline at short rounds? On a CPU toy 0.7 /
+# 0.8 was 3.4% better at 8 replicas, and on a GPU no delay at 2 replicas
+# gained 2.18% from it (42M, H = 30; bench/results/
+# communication_1xh200_2026-12-04/eager_42m_m2_h30_momentum.md). The 8.4M
+# model, MODEL="--config.diloco.inner_steps=15" STEPS=2250 LANES=3
+# NAMES="diloco_x8_m08 sparseloco_senders": each compressed cost of the
+# 8.4M H = 15 table then also against the better baseline.
+#   diloco_x8_m08         DiLoCo x8 at outer Nesterov 0.7 / 0.8
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
@@ -220,6 +231,7 @@ strided8="$d.compression=strided $d.compression_stride=8 $d.error_feedback=True
           $d.sparse_aggregate=mean"
 declare -A ARMS=(
   [diloco_x8]=""
+  [diloco_x8_m08]="$d.outer_momentum=0.8"
   [one_round_avg]="$d.delay=one_round $avg"
   [one_round_m06]="$d.delay=one_round $d.outer_momentum=0.6"
   [one_round_lr05]="$d.delay=one_round $d.outer_lr=0.5 $d.outer_momentum=0.8"
