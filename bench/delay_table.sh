@@ -60,6 +60,12 @@
 # arms planned on 2026-12-03 but m2_eager_lr05_m08: STEPS=4500 H=30 LANES=3
 # NAMES="m2_none_lr035 m2_none_m08 m2_eager_lr035_m08" with the same MODEL
 # (bench/results/communication_1xh200_2026-12-04/).
+# Then (fixed 2026-12-04 before the run: the 128-sequence pair read its
+# 116.2M-token corpus 5.1 times, and only its validation gap narrowed; is
+# the narrowing the batch or the repetition?) the same pair on up to 4x
+# the text: STEPS=4500 H=30 LANES=2 MAX_CHARS=1600000000 NAMES=
+# "b128_m2_none_lr035 b128_m2_eager_lr035" with the same MODEL, run only
+# if the device's site-packages holds at least 800M characters of .py.
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
