@@ -66,6 +66,12 @@
 # the text: STEPS=4500 H=30 LANES=2 MAX_CHARS=1600000000 NAMES=
 # "b128_m2_none_lr035 b128_m2_eager_lr035" with the same MODEL, run only
 # if the device's site-packages holds at least 800M characters of .py.
+# It held 388M (2026-12-04): not run. In its place (fixed before the run),
+# no delay at the outer step tuned at 32 sequences, beside the 128-sequence
+# pair of the same day: PRIOR=bench/results/communication_1xh200_2026-12-04/
+# eager_42m_m2_h30_batch128_arms.tgz STEPS=4500 H=30 LANES=1 NAMES=
+# "b128_m2_none_lr035 b128_m2_eager_lr035 b128_m2_none_m08", MAX_CHARS=
+# 400000000 and that pair's MODEL (its base rebuilt from the same seed).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
