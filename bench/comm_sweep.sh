@@ -191,14 +191,16 @@
 # size trend at the papers' round count): the 42M MODEL above with
 # --config.diloco.inner_steps=15 --config.ckpt.every=750 --config.ckpt.keep=1,
 # STEPS=2250, MAX_CHARS=400000000, LANES=2, NAMES=sparseloco_senders.
-# Next (fixed 2026-12-04, not yet run): is the tables' DiLoCo x8 at outer
+# Then (fixed 2026-12-04 before the run): is the tables' DiLoCo x8 at outer
 # Nesterov 0.7 / 0.9 a tuned baseline at short rounds? On a CPU toy 0.7 /
 # 0.8 was 3.4% better at 8 replicas, and on a GPU no delay at 2 replicas
 # gained 2.18% from it (42M, H = 30; bench/results/
 # communication_1xh200_2026-12-04/eager_42m_m2_h30_momentum.md). The 8.4M
 # model, MODEL="--config.diloco.inner_steps=15" STEPS=2250 LANES=3
 # NAMES="diloco_x8_m08 sparseloco_senders": each compressed cost of the
-# 8.4M H = 15 table then also against the better baseline.
+# 8.4M H = 15 table then also against the better baseline. Ran the same
+# day: 0.7 / 0.8 was 7.07% worse (bench/results/
+# communication_1xh200_2026-12-04/diloco_8m_h15_momentum08.md).
 #   diloco_x8_m08         DiLoCo x8 at outer Nesterov 0.7 / 0.8
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
