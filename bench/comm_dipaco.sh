@@ -19,7 +19,7 @@
 # EXTRA="--config.diloco.inner_steps=15", the papers' short rounds, and
 # NAMES="avg_lr14 topk2x_lr14 combined_topk2x_lr14"; settings from the
 # toy, where the combined arm cost +2.4% against plain DiPaCo 2x2; on the
-# GPU it was 24% better, docs/communication.md):
+# GPU it was 24% better, docs/communication_measured.md):
 #   avg_lr14                float32, outer SGD lr 1.4 without momentum
 #   topk2x_lr14             top-k 128/4096 up (2 bits, error feedback
 #                           decayed by 0.95, senders) at that outer lr
@@ -27,7 +27,7 @@
 #                           upload's share: the shared module's 4 users)
 #                           and delay=overlap at tau = 2 (H / 10 of 15,
 #                           rounded up)
-# The settings are the best of the DiLoCo x8 table (docs/communication.md),
+# The settings are the best of the DiLoCo x8 table (docs/communication_measured.md),
 # fixed before any DiPaCo run, not chosen on DiPaCo's validation.
 # Usage: [STEPS=500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [EXTRA="more main.py flags"] \

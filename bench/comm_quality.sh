@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DiLoCoX communication arms on experiments/diloco.py (DiLoCo x8, H = 50),
-# all from one dense base and one tokenized corpus (docs/communication.md):
+# all from one dense base and one tokenized corpus (docs/communication_measured.md):
 #   diloco_x8     plain DiLoCo (float32 contributions, no delay)
 #   one_round     DiLoCoX's one-round-late outer step, outer lr 1.0
 #   eager         the eager-updates correction of the delay, outer lr 0.35
@@ -19,7 +19,7 @@
 # float32 on this model: ~205 / rank for its 256 x 1024 matrices, 136.5x
 # for the top-k; rank 20 in int4 is the lowest residual at >= 100x of
 # bench/contribution_fidelity.py on the training run's own contributions,
-# docs/communication.md. The outer lrs of one_round and eager are the best
+# docs/communication_measured.md. The outer lrs of one_round and eager are the best
 # of its 1500-step sweeps, chosen on our validation split of the
 # training corpus; the overlap arms were fixed from the same sweeps.)
 #   one_round_best  one_round + the compressor chosen below

@@ -89,8 +89,8 @@
 #                         diverged)
 # The combined arm (2026-11-29, the 42M model above, its MODEL and
 # MAX_CHARS=400000000, NAMES="combined_overlap_senders_down"; fixed before
-# the run from the tables of docs/communication.md, not chosen): the best
-# delay measured at H = 50 (overlap at a tenth of a round, tau = 5: +0.36%
+# the run from the tables of docs/communication_measured.md, not chosen):
+# the best delay measured at H = 50 (overlap at a tenth of a round, tau = 5: +0.36%
 # to +0.74% on DiLoCo x8, the only delay within 2%), the best codec at
 # >= 100x (sparseloco_senders: +10.50% at 42M, 136.5x up), and downloads
 # compressed with the strongest download codec there is (int4 read back,
@@ -102,7 +102,7 @@
 # inner_steps=15", STEPS=2250: 150 rounds of H = 15, the default 8.4M
 # model; NAMES="sparseloco_senders senders_topk_down
 # combined_overlap2_topk_both lowrank_shared20_int4_ef"; fixed before the
-# run from docs/communication.md's tables, not chosen):
+# run from docs/communication_measured.md's tables, not chosen):
 #   senders_topk_down     sparseloco_senders with each module's change read
 #                         back as top-k too (download_compression=topk, the
 #                         same 64/4096 and 2 bits; 136.5x fewer both ways)
