@@ -8,7 +8,7 @@ kept (and said so), so `--config.diloco.preset=sparseloco
 a shorthand: once applied, `preset` is cleared and the run is what the
 fields say (they are what config.json and the run's hash hold), so a
 derived run (the dense baseline) never fills its fields again.
-What each sets, and why (the measurements: docs/communication_measured.md):
+What each sets, and why (the measurements: docs/communication.md):
 
   streaming   Streaming DiLoCo's overlap: the outer step lands a tenth of a
               round late (tau = H / 10), int4 + error feedback up, int4
@@ -45,7 +45,7 @@ from dipaco_jax import config_fields
 
 # Rounds of at most this many inner steps are "short": the delays' outer lrs
 # were measured at H = 15 and at H = 50, and the best one_round lr flips
-# between them (0.7 at H = 15, 1.0 at H = 50; docs/communication_measured.md).
+# between them (0.7 at H = 15, 1.0 at H = 50; docs/communication.md).
 SHORT_ROUNDS = 15
 ONE_ROUND_LR_SHORT = 0.7
 # eager's outer lr by the round lengths it was measured at (42M, 2
