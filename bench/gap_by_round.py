@@ -11,6 +11,11 @@ training loss minus the baseline's, over the logged steps of the last
 each arm's results.json, at the end. An arm named b<N>_<arm> (<arm> at N
 sequences per replica step, bench/comm_arms_lib.sh) is compared with
 b<N>_<baseline>, its own batch's baseline.
+
+An arm cut before its end (a device call's timeout) has no metrics.jsonl
+in ARMS, only NAME.log: its progress lines (`[main] step N/T  loss L`, or
+`[dipaco] ...` for DiPaCo's paths) carry the same logged loss, rounded to
+4 decimals, for the steps since its last resume.
 """
 
 import argparse
@@ -21,11 +26,37 @@ import tarfile
 import tempfile
 
 
+# A progress line of train/metrics.py's Progress: [run] step N/T  loss L.
+_PROGRESS = re.compile(
+    r"^\[(main|dipaco)\] step\s+(\d+)/\d+\s+loss\s+([0-9.]+)", re.MULTILINE)
+
+
+def logged_losses(log_text: str) -> dict[int, float]:
+  """Step -> loss from a job's progress lines: DiLoCo's run (`main`), or
+  DiPaCo's paths (`dipaco`) where there is none (the order in which
+  bench/comm_arms_lib.sh looks for a run's metrics)."""
+  by_run = {"main": {}, "dipaco": {}}
+  for run, step, loss in _PROGRESS.findall(log_text):
+    by_run[run][int(step)] = float(loss)
+  return by_run["main"] or by_run["dipaco"]
+
+
 def losses(arms: pathlib.Path, name: str) -> dict[int, float]:
-  rows = [json.loads(line) for line in
-          (arms / f"{name}.metrics.jsonl").read_text().splitlines()
+  metrics = arms / f"{name}.metrics.jsonl"
+  if not metrics.exists():
+    return logged_losses((arms / f"{name}.log").read_text())
+  rows = [json.loads(line) for line in metrics.read_text().splitlines()
           if line.strip()]
   return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def arm_names(arms: pathlib.Path) -> list[str]:
+  """Arms with metrics, and those cut short with only a log of progress."""
+  names = {p.name[:-len(".metrics.jsonl")]
+           for p in arms.glob("*.metrics.jsonl")}
+  names |= {p.stem for p in arms.glob("*.log")
+            if logged_losses(p.read_text(errors="replace"))}
+  return sorted(names)
 
 
 def gap_at(arm: dict, base: dict, step: int, window: int) -> float | None:
@@ -37,8 +68,7 @@ def gap_at(arm: dict, base: dict, step: int, window: int) -> float | None:
 
 def table(arms: pathlib.Path, baseline: str, inner_steps: int,
           rounds: list[int], window: int) -> str:
-  names = sorted(p.name[:-len(".metrics.jsonl")]
-                 for p in arms.glob("*.metrics.jsonl"))
+  names = arm_names(arms)
   lines = ["| arm | " + " | ".join(f"round {r}" for r in rounds) + " |",
            "| --- |" + " --- |" * len(rounds)]
   for name in names:
@@ -71,11 +101,11 @@ def main():
         tar.extractall(tmp, filter="data")
       arms = pathlib.Path(tmp)
     # The baseline itself, or a larger batch's (b<N>_ of it) alone.
-    if not any(re.fullmatch(rf"(b[0-9]+_)?{re.escape(args.baseline)}"
-                            r"\.metrics\.jsonl", p.name)
-               for p in arms.glob("*.metrics.jsonl")):
-      raise SystemExit(f"{args.arms}: no {args.baseline}.metrics.jsonl "
-                       "(--baseline names the arm to compare against)")
+    if not any(re.fullmatch(rf"(b[0-9]+_)?{re.escape(args.baseline)}", n)
+               for n in arm_names(arms)):
+      raise SystemExit(f"{args.arms}: no {args.baseline}.metrics.jsonl nor "
+                       "its progress log (--baseline names the arm to "
+                       "compare against)")
     print(table(arms, args.baseline, args.inner_steps, rounds, args.window))
 
 

@@ -59,8 +59,8 @@ def test_reads_an_arms_archive_and_names_a_missing_baseline(tmp_path):
                            capture_output=True, text=True, check=False)
   assert missing.returncode != 0
   assert missing.stderr.strip().splitlines() == [
-      f"{arms}: no none.metrics.jsonl (--baseline names the arm to compare "
-      "against)"]
+      f"{arms}: no none.metrics.jsonl nor its progress log (--baseline "
+      "names the arm to compare against)"]
 
 
 def test_a_larger_batchs_arms_meet_their_own_baseline(tmp_path):
@@ -77,3 +77,26 @@ def test_a_larger_batchs_arms_meet_their_own_baseline(tmp_path):
   lines = gap_by_round.table(arms, "diloco_x8", inner_steps=15, rounds=[1],
                              window=15).splitlines()
   assert lines[2:] == ["| b128_senders | +0.250 |", "| senders | +0.500 |"]
+
+
+def test_an_arm_cut_short_is_read_from_its_progress_log(tmp_path):
+  # A device call's timeout stopped the baseline in its final validation:
+  # no metrics.jsonl, only the log main.py wrote (train/metrics.py's
+  # progress lines; a dense base's `[base]` lines are another run's).
+  arms = tmp_path / "arms"
+  arms.mkdir()
+  (arms / "b128_none_m08.log").write_text(
+      "[data] reusing /tmp/x/data: train 75,086 docs\n"
+      "[base] step     10/10  loss 9.0000     1,000 tokens/s  ETA 0:00\n"
+      "[main] step     30/60  loss 2.0000   697,360 tokens/s  ETA 0:10\n"
+      "[main] step     60/60  loss 1.5000   697,360 tokens/s  ETA 0:00\n"
+      "error: preempted by SIGTERM: nothing to save\n")
+  _write(arms, "b128_eager", {30: 2.25, 60: 1.625})
+  (arms / "b128_eager.log").write_text("[main] step 60/60  loss 1.6250\n")
+  assert gap_by_round.logged_losses(
+      (arms / "b128_none_m08.log").read_text()) == {30: 2.0, 60: 1.5}
+  run = subprocess.run([sys.executable, SCRIPT, str(arms),
+                        "--inner_steps=30", "--rounds=1,2", "--window=30",
+                        "--baseline=none_m08"],
+                       capture_output=True, text=True, check=True)
+  assert run.stdout.splitlines()[2:] == ["| b128_eager | +0.250 | +0.125 |"]
