@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One bounded call of a bench sweep on a lent GPU machine (a call has a
+# wall-clock limit, and the machine can be a fresh one at the next call):
+# the sweep runs until SECS, then its arms are stopped as a preemption
+# stops them, and what they have goes to OUT_DIR.
+#
+#   [sweep env: MODEL, NAMES, STEPS, ...] bash bench/device_call.sh SECS \
+#       bench/delay_table.sh OUT_DIR [WORK_DIR]
+#
+# - Wheels carried in wheels/ (the GPU machines lack ml-collections and
+#   tensorboardX; WHEELS=DIR for another folder) are installed into
+#   /tmp/site for this call.
+# - At SECS, each of the sweep's main.py runs (those under WORK_DIR only)
+#   gets SIGTERM: it saves a checkpoint at the end of its step, or says
+#   its finished stages are cached. The sweep's lanes are left alone, so
+#   each records its arm (log, metrics, `!!!` line) into arms.tgz as after
+#   any failure; an arm a lane starts after that is stopped the same way.
+#   Whatever still runs GRACE seconds later (default 120) is killed.
+# - OUT_DIR gets the sweep's log and summary.md, arms.tgz (packed again
+#   here, so a killed sweep's arms come back too) and gpu.log (memory and
+#   utilization every 60 s).
+# Run the same command again in the next call: on the same machine the
+# sweep resumes (kept results, checkpoints); on a fresh one pass the last
+# call's arms.tgz as PRIOR (bench/comm_arms_lib.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:?SECS}; sweep=${2:?SWEEP_SCRIPT}; out=${3:?OUT_DIR}
+work=${4:-/tmp/$(basename "$sweep" .sh)}
+grace=${GRACE:-120}
+mkdir -p "$out"
+res=$(mktemp -d)
+wheels=${WHEELS-wheels}  # WHEELS= installs none
+if [[ -n "$wheels" ]] && compgen -G "$wheels/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+gpu_log() {
+  command -v nvidia-smi > /dev/null || return 0
+  nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader \
+    >> "$out/gpu.log" 2>&1
+}
+# This sweep's runs only: another job's main.py on the machine is not ours.
+arms_running() { pgrep -f "dipaco_jax.main --workdir=$work/" > /dev/null; }
+stop_arms() { pkill "-$1" -f "dipaco_jax.main --workdir=$work/"; }
+
+# Its own process group (setsid), so that a kill reaches the lanes and
+# their runs at once: a lane killed after its run would first start the
+# next arm.
+setsid bash "$sweep" "$res" "$work" &
+sweep_pid=$!
+start=$SECONDS
+next_gpu=0
+while kill -0 "$sweep_pid" 2> /dev/null && (( SECONDS - start < secs )); do
+  if (( SECONDS >= next_gpu )); then gpu_log; next_gpu=$((SECONDS + 60)); fi
+  sleep 1
+done
+if kill -0 "$sweep_pid" 2> /dev/null; then
+  echo "device_call: ${secs} s reached; stopping the arms (SIGTERM)"
+  stopped=$SECONDS
+  while kill -0 "$sweep_pid" 2> /dev/null \
+      && (( SECONDS - stopped < grace )); do
+    arms_running && stop_arms TERM
+    sleep 2
+  done
+  if kill -0 "$sweep_pid" 2> /dev/null; then
+    echo "device_call: still running after ${grace} s; killed"
+    kill -KILL -- "-$sweep_pid"
+  fi
+fi
+wait "$sweep_pid" 2> /dev/null
+echo "device_call: sweep ended after $((SECONDS - start)) s"
+cp "$res"/*.log "$res"/summary.md "$out"/ 2> /dev/null
+[[ -d "$work/arms" ]] && tar czf "$out/arms.tgz" -C "$work/arms" .
+rm -rf "$res"
+ls -la "$out"
