@@ -11,8 +11,9 @@
 #   tensorboardX; WHEELS=DIR for another folder) are installed into
 #   /tmp/site for this call.
 # - At SECS, each of the sweep's main.py runs (those under WORK_DIR only)
-#   gets SIGTERM: it saves a checkpoint at the end of its step, or says
-#   its finished stages are cached. The sweep's lanes are left alone, so
+#   gets SIGTERM, once (a second one makes main.py exit without its save):
+#   it saves a checkpoint at the end of its step, or says its finished
+#   stages are cached. The sweep's lanes are left alone, so
 #   each records its arm (log, metrics, `!!!` line) into arms.tgz as after
 #   any failure; an arm a lane starts after that is stopped the same way.
 #   Whatever still runs GRACE seconds later (default 120) is killed.
@@ -41,8 +42,16 @@ gpu_log() {
     >> "$out/gpu.log" 2>&1
 }
 # This sweep's runs only: another job's main.py on the machine is not ours.
-arms_running() { pgrep -f "dipaco_jax.main --workdir=$work/" > /dev/null; }
-stop_arms() { pkill "-$1" -f "dipaco_jax.main --workdir=$work/"; }
+runs() { pgrep -f "dipaco_jax.main --workdir=$work/"; }
+declare -A signaled=()
+term_new_runs() {  # each run once: a second SIGTERM drops main.py's save
+  local pid
+  for pid in $(runs); do
+    [[ -n "${signaled[$pid]:-}" ]] && continue
+    kill -TERM "$pid" 2> /dev/null
+    signaled[$pid]=1
+  done
+}
 
 # Its own process group (setsid), so that a kill reaches the lanes and
 # their runs at once: a lane killed after its run would first start the
@@ -60,8 +69,8 @@ if kill -0 "$sweep_pid" 2> /dev/null; then
   stopped=$SECONDS
   while kill -0 "$sweep_pid" 2> /dev/null \
       && (( SECONDS - stopped < grace )); do
-    arms_running && stop_arms TERM
-    sleep 2
+    term_new_runs
+    sleep 1
   done
   if kill -0 "$sweep_pid" 2> /dev/null; then
     echo "device_call: still running after ${grace} s; killed"
