@@ -17,9 +17,9 @@
 #   each records its arm (log, metrics, `!!!` line) into arms.tgz as after
 #   any failure; an arm a lane starts after that is stopped the same way.
 #   Whatever still runs GRACE seconds later (default 120) is killed.
-# - OUT_DIR gets the sweep's log and summary.md, arms.tgz (packed again
-#   here, so a killed sweep's arms come back too) and gpu.log (memory and
-#   utilization every 60 s).
+# - OUT_DIR gets the sweep's log (of every call on this machine) and
+#   summary.md, arms.tgz (packed again here, so a killed sweep's arms come
+#   back too) and gpu.log (memory and utilization every 60 s).
 # Run the same command again in the next call: on the same machine the
 # sweep resumes (kept results, checkpoints); on a fresh one pass the last
 # call's arms.tgz as PRIOR (bench/comm_arms_lib.sh).
@@ -29,7 +29,8 @@ secs=${1:?SECS}; sweep=${2:?SWEEP_SCRIPT}; out=${3:?OUT_DIR}
 work=${4:-/tmp/$(basename "$sweep" .sh)}
 grace=${GRACE:-120}
 mkdir -p "$out"
-res=$(mktemp -d)
+res="$work.out"  # the sweep's OUT_DIR: its log grows over the calls
+mkdir -p "$res"
 wheels=${WHEELS-wheels}  # WHEELS= installs none
 if [[ -n "$wheels" ]] && compgen -G "$wheels/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile \
@@ -81,5 +82,4 @@ wait "$sweep_pid" 2> /dev/null
 echo "device_call: sweep ended after $((SECONDS - start)) s"
 cp "$res"/*.log "$res"/summary.md "$out"/ 2> /dev/null
 [[ -d "$work/arms" ]] && tar czf "$out/arms.tgz" -C "$work/arms" .
-rm -rf "$res"
 ls -la "$out"
