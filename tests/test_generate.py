@@ -401,6 +401,13 @@ def _commit_marker(directory):
   return directory / "params" / atomic.COMMIT_MARKER
 
 
+# The truncated case: orbax's restore fails on one array while its other
+# reads are in flight; their callbacks then reach orbax's closed event loop
+# ("RuntimeError: Event loop is closed", an unraisable in orbax's threads,
+# not in our code and after our error is raised). Only that warning is
+# silenced; every assertion stands.
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning")
 def test_a_damaged_export_is_one_line_naming_the_file(tiny, path_export,
                                                       tmp_path, capsys):
   embedding = "params/item/embed_head.embedding"
