@@ -57,7 +57,11 @@ term_new_runs() {  # each run once: a second SIGTERM drops main.py's save
 # Its own process group (setsid), so that a kill reaches the lanes and
 # their runs at once: a lane killed after its run would first start the
 # next arm.
-setsid bash "$sweep" "$res" "$work" &
+if command -v setsid > /dev/null; then
+  setsid bash "$sweep" "$res" "$work" &
+else  # util-linux missing: killed below run by run, lanes first
+  bash "$sweep" "$res" "$work" &
+fi
 sweep_pid=$!
 start=$SECONDS
 next_gpu=0
@@ -75,7 +79,10 @@ if kill -0 "$sweep_pid" 2> /dev/null; then
   done
   if kill -0 "$sweep_pid" 2> /dev/null; then
     echo "device_call: still running after ${grace} s; killed"
-    kill -KILL -- "-$sweep_pid"
+    kill -KILL -- "-$sweep_pid" 2> /dev/null || {
+      pkill -STOP -P "$sweep_pid"; kill -STOP "$sweep_pid"
+      pkill -KILL -f "dipaco_jax.main --workdir=$work/"
+      pkill -KILL -P "$sweep_pid"; kill -KILL "$sweep_pid"; }
   fi
 fi
 wait "$sweep_pid" 2> /dev/null
