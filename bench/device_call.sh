@@ -25,7 +25,17 @@
 # call's arms.tgz as PRIOR (bench/comm_arms_lib.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-secs=${1:?SECS}; sweep=${2:?SWEEP_SCRIPT}; out=${3:?OUT_DIR}
+usage="usage: bash bench/device_call.sh SECS SWEEP_SCRIPT OUT_DIR [WORK_DIR]"
+secs=${1:?$usage}; sweep=${2:?$usage}; out=${3:?$usage}
+if [[ ! "$secs" =~ ^[0-9]+$ ]]; then
+  echo "device_call: SECS must be whole seconds, got '$secs'; $usage" >&2
+  exit 2
+fi
+if [[ ! -f "$sweep" ]]; then
+  echo "device_call: no sweep script '$sweep' (a path from the repository" \
+    "root, e.g. bench/delay_table.sh)" >&2
+  exit 2
+fi
 work=${4:-/tmp/$(basename "$sweep" .sh)}
 grace=${GRACE:-120}
 mkdir -p "$out"

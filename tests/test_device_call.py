@@ -112,3 +112,21 @@ def test_runs_that_ignore_sigterm_are_killed_after_the_grace(tmp_path):
   assert (out / "fake_sweep.log").exists()
   assert _arms_in(out / "arms.tgz") == {}
   assert seconds < 30
+
+
+def test_a_bad_argument_is_one_line_naming_it(tmp_path):
+  no_op = tmp_path / "no_op_sweep.sh"  # what would run were a check lost
+  no_op.write_text("exit 0\n")
+  for args, says in (
+      (["ten", str(no_op), str(tmp_path / "out"), str(tmp_path / "work")],
+       "device_call: SECS must be whole seconds, got 'ten'; usage: "),
+      (["5", "bench/no_such_sweep.sh", str(tmp_path / "out"),
+        str(tmp_path / "work")],
+       "device_call: no sweep script 'bench/no_such_sweep.sh' (a path from "
+       "the repository root, e.g. bench/delay_table.sh)")):
+    run = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True,
+                         text=True, timeout=30, check=False,
+                         env={**os.environ, "WHEELS": ""})
+    assert run.returncode == 2
+    assert len(run.stderr.splitlines()) == 1 and says in run.stderr
+    assert not (tmp_path / "out").exists()  # stopped before anything
