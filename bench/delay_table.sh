@@ -72,9 +72,9 @@
 # eager_42m_m2_h30_batch128_arms.tgz STEPS=4500 H=30 LANES=1 NAMES=
 # "b128_m2_none_lr035 b128_m2_eager_lr035 b128_m2_none_m08", MAX_CHARS=
 # 400000000 and that pair's MODEL (its base rebuilt from the same seed).
-# It trained, but its validation was lost to the call's end and a fresh
-# machine (bench/results/communication_1xh200_2026-12-04/
-# eager_42m_m2_h30_batch128_m08.md: training loss only).
+# Its first run lost its validation to the call's end and a fresh
+# machine; rerun and scored with bench/device_call.sh (bench/results/
+# communication_1xh200_2026-12-04/eager_42m_m2_h30_batch128_m08.md).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
