@@ -202,6 +202,14 @@
 # day: 0.7 / 0.8 was 7.07% worse (bench/results/
 # communication_1xh200_2026-12-04/diloco_8m_h15_momentum08.md).
 #   diloco_x8_m08         DiLoCo x8 at outer Nesterov 0.7 / 0.8
+# The shared low rank's size trend (fixed 2026-12-04 before the run): the
+# 8.4M H = 15 table's lowrank_shared20_int4_ef (+130.12% at 117.9x) at 42M
+# and the same bytes ratio, rank 52 (116x fewer bytes up by compress_shared.
+# factor_bytes on the 42M bank; rank 20 would send 301x fewer). One arm per
+# call, as the 126M arms ran: the 42M MODEL and corpus of the SparseLoCo
+# 150-round run above, BASELINE= NAMES=lowrank_shared52_int4_ef LANES=1,
+# against that run's DiLoCo x8 (its base rebuilt from the same seed).
+#   lowrank_shared52_int4_ef  lowrank_shared20_int4_ef at rank 52
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
@@ -275,6 +283,7 @@ declare -A ARMS=(
   [combined_overlap2_strided8_both]="$d.delay=overlap $d.overlap_steps=2 $strided8 $avg $d.download_compression=strided"
   [strided4_both]="${strided8/stride=8/stride=4} $avg $d.download_compression=strided"
   [lowrank_shared20_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=20 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
+  [lowrank_shared52_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=52 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
   [leader_sparseloco]="${topkc/compression=topk/compression=leader_topk} $d.error_feedback_decay=0.95 $avg"
   [leader_sparseloco_both]="${topkc/compression=topk/compression=leader_topk} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
