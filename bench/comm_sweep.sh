@@ -210,6 +210,11 @@
 # 150-round run above, BASELINE= NAMES=lowrank_shared52_int4_ef LANES=1,
 # against that run's DiLoCo x8 (its base rebuilt from the same seed).
 #   lowrank_shared52_int4_ef  lowrank_shared20_int4_ef at rank 52
+# Then the same day, fixed after that arm's score (+37% at 42M) and before
+# this run, the same command with NAMES=lowrank_shared104_int4_ef: how
+# the cost falls with twice the bytes (58x fewer), against SparseLoCo's
+# +4.23% at 136.5x on this model.
+#   lowrank_shared104_int4_ef  lowrank_shared20_int4_ef at rank 104
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
@@ -284,6 +289,7 @@ declare -A ARMS=(
   [strided4_both]="${strided8/stride=8/stride=4} $avg $d.download_compression=strided"
   [lowrank_shared20_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=20 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [lowrank_shared52_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=52 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
+  [lowrank_shared104_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=104 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
   [leader_sparseloco]="${topkc/compression=topk/compression=leader_topk} $d.error_feedback_decay=0.95 $avg"
   [leader_sparseloco_both]="${topkc/compression=topk/compression=leader_topk} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
