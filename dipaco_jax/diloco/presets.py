@@ -163,9 +163,9 @@ def warnings(config) -> list[str]:
                "(diloco.preset=sparseloco).")
   if "lowrank_shared" in codecs:
     out.append("compression lowrank_shared cost +130% at 118x fewer bytes "
-               "(8.4M, 150 rounds) and +214% over 30 rounds: a round's "
-               "change is only mildly low rank (an eighth of its rank holds "
-               "half of it); use topk (diloco.preset=sparseloco).")
+               "at 8.4M and +37% at 42M (150 rounds; top-k: +4% at 136x): "
+               "a round's change is only mildly low rank (an eighth of its "
+               "rank holds half of it); use topk (diloco.preset=sparseloco).")
   if "strided" in codecs or any(c.download == "strided" for c in comms):
     out.append("compression strided cost +207% at 113.8x fewer bytes both "
                "ways (8.4M, 150 rounds): a round needs each worker's own "
