@@ -215,6 +215,13 @@
 # the cost falls with twice the bytes (58x fewer), against SparseLoCo's
 # +4.23% at 136.5x on this model.
 #   lowrank_shared104_int4_ef  lowrank_shared20_int4_ef at rank 104
+# Planned next (fixed 2026-12-04, not yet run): the third size, 126M, at the
+# same ratio, rank 88 (117.9x), over 150 rounds of H = 15: the 126M MODEL
+# of the SparseLoCo 150-round run above, STEPS=2250 MAX_CHARS=400000000
+# LANES=1 BASELINE= NAMES=lowrank_shared88_int4_ef, against that run's
+# DiLoCo x8 (about 900 s of device time: two calls, the second at once on
+# the same machine and WORK_DIR, or PRIOR on a fresh one).
+#   lowrank_shared88_int4_ef  lowrank_shared20_int4_ef at rank 88
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
@@ -290,6 +297,7 @@ declare -A ARMS=(
   [lowrank_shared20_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=20 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [lowrank_shared52_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=52 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [lowrank_shared104_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=104 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
+  [lowrank_shared88_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=88 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
   [leader_sparseloco]="${topkc/compression=topk/compression=leader_topk} $d.error_feedback_decay=0.95 $avg"
   [leader_sparseloco_both]="${topkc/compression=topk/compression=leader_topk} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
