@@ -44,7 +44,7 @@ def logged_losses(log_text: str) -> dict[int, float]:
 def losses(arms: pathlib.Path, name: str) -> dict[int, float]:
   metrics = arms / f"{name}.metrics.jsonl"
   if not metrics.exists():
-    return logged_losses((arms / f"{name}.log").read_text())
+    return logged_losses((arms / f"{name}.log").read_text(errors="replace"))
   rows = [json.loads(line) for line in metrics.read_text().splitlines()
           if line.strip()]
   return {r["step"]: r["loss"] for r in rows if "loss" in r}
