@@ -215,12 +215,17 @@
 # the cost falls with twice the bytes (58x fewer), against SparseLoCo's
 # +4.23% at 136.5x on this model.
 #   lowrank_shared104_int4_ef  lowrank_shared20_int4_ef at rank 104
-# Planned next (fixed 2026-12-04, not yet run): the third size, 126M, at the
-# same ratio, rank 88 (117.9x), over 150 rounds of H = 15: the 126M MODEL
-# of the SparseLoCo 150-round run above, STEPS=2250 MAX_CHARS=400000000
-# LANES=1 BASELINE= NAMES=lowrank_shared88_int4_ef, against that run's
-# DiLoCo x8 (about 900 s of device time: two calls, the second at once on
-# the same machine and WORK_DIR, or PRIOR on a fresh one).
+# Planned next (fixed 2026-12-04, not yet scored): the third size, 126M, at
+# the same ratio, rank 88 (117.9x), over 150 rounds of H = 15: the 126M
+# MODEL of the SparseLoCo 150-round run above, STEPS=2250
+# MAX_CHARS=400000000 LANES=1 BASELINE= NAMES=lowrank_shared88_int4_ef,
+# against that run's DiLoCo x8. About 900 s of device time: two calls of
+# device_call.sh 555 on one machine and WORK_DIR, the second made the
+# moment the first returns (a machine goes back 30 s after a call; PRIOR
+# carries finished arms only, not a checkpoint). Tried 2026-12-04: the
+# second call landed on a fresh machine, so it trained again from the
+# base; each call reached about step 1300 (training loss 1.70 there,
+# 527k tokens/s) and stopped.
 #   lowrank_shared88_int4_ef  lowrank_shared20_int4_ef at rank 88
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \

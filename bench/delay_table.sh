@@ -75,7 +75,7 @@
 # Its first run lost its validation to the call's end and a fresh
 # machine; rerun and scored with bench/device_call.sh (bench/results/
 # communication_1xh200_2026-12-04/eager_42m_m2_h30_batch128_m08.md).
-# Planned next (fixed 2026-12-04, not yet run): is the batch or the
+# Then (fixed 2026-12-04 before the run): is the batch or the
 # repetition what narrowed eager's gap at 128 sequences (5.1 passes)? The
 # 32-sequence arms on a quarter of the text, so that they too read it
 # about 5 times: STEPS=4500 H=30 LANES=3 MAX_CHARS=100000000 NAMES=
@@ -83,7 +83,11 @@
 # --config.ckpt.every=1500 --config.ckpt.keep=1. Against the same arms on
 # the whole text (1.3 passes; eager +2.53% against 0.35 / 0.9 and +4.91%
 # against 0.7 / 0.8), a gap near the 128-sequence pair's (+1.04%, +2.38%)
-# would say repetition, a gap as before the batch.
+# would say repetition, a gap as before the batch. Ran the same day with
+# LANES=2 NAMES="m2_eager_lr035 m2_none_m08" (m2_none_lr035 left out to
+# fit the device minutes left): +0.94%, repetition, by overfitting
+# (bench/results/communication_1xh200_2026-12-04/
+# eager_42m_m2_h30_quarter_text.md).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
