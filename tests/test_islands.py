@@ -180,7 +180,9 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
 @pytest.mark.parametrize("delay,tau,factor_bits,codec", [
     ("none", 0, 0, "int4"), ("one_round", 0, 0, "int4"),
     ("overlap", 1, 0, "int4"), ("overlap", 2, 0, "int4"),
-    ("none", 0, 4, "int4"), ("none", 0, 0, "topk_senders")])
+    ("none", 0, 4, "int4"), ("none", 0, 0, "topk_senders"),
+    ("eager", 0, 0, "int4"), ("eager", 0, 0, "topk_mean"),
+    ("eager", 0, 0, "none")])
 def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
                                                       factor_bits, codec):
   # DiLoCoX on islands (islands/delayed.py: one_round; overlap at tau = 1
@@ -193,15 +195,20 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
   # against the SPMD runtime's simulation, 2 rounds, every round's inner
   # state read back from the store. topk_senders: every slot top-k with
   # error feedback, each coordinate averaged over the workers that sent it
-  # (diloco.sparse_aggregate=senders, in the executors too).
+  # (diloco.sparse_aggregate=senders, in the executors too). eager
+  # (islands/eager.py): each worker's own outer step on its view from
+  # round r - 1's payloads, which it reads and mixes itself; with int4 and
+  # the low rank, top-k (senders is not built for eager) and float32.
   settings = dict(delay=delay, compression="int4", error_feedback=True,
                   compression_block_size=64,
                   per_slot=("shared=compression:lowrank+rank_max:2"
                             f"+factor_bits:{factor_bits}"),
                   overlap_steps=tau)
-  if codec == "topk_senders":
+  if codec.startswith("topk"):
     settings.update(compression="topk", compression_topk_fraction=0.1,
-                    sparse_aggregate="senders", per_slot="")
+                    sparse_aggregate=codec.split("_")[1], per_slot="")
+  if codec == "none":  # float32 contributions, no carry but eager's own.
+    settings.update(compression="none", error_feedback=False, per_slot="")
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
   spmd = jax.device_get(exp.train().state["outer"]["params"])
   run = tmp_path / "islands"
@@ -209,10 +216,11 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
   # another mesh a 1e-7 difference can flip an int4 code: one step).
   bank = _islands_in_process(exp, run, 4, forget=True)
   assert _max_abs_diff(spmd, bank) < 1e-6, _max_abs_diff(spmd, bank)
-  if delay == "overlap":
-    # Kept between tasks: round 1's first tau steps trained beside round
-    # 0's uploads (`delayed.train(..., partial=True)`), finished once the
-    # task is handed over; the same numbers.
+  if delay in ("overlap", "eager"):
+    # Kept between tasks: round 1's first tau steps (eager: all of round
+    # 1, from the view kept on device) trained beside round 0's uploads
+    # (`delayed.train(..., partial=True)`), finished once the task is
+    # handed over; the same numbers.
     kept = _islands_in_process(exp, tmp_path / "kept", 4)
     assert _max_abs_diff(spmd, kept) < 1e-6, _max_abs_diff(spmd, kept)
   # What went on the wire: the payloads' bytes (commit markers), against
@@ -220,7 +228,10 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
   sent = sum(atomic.read_commit(d)["bytes"] for d in
              (run / "contrib").glob("r*/*/*"))
   floats = 4 * 2 * sum(x.size // x.shape[0] for x in jax.tree.leaves(spmd))
-  assert 0 < sent < 4 * floats / 5, (sent, 4 * floats)
+  if codec == "none":
+    assert sent == 4 * floats, (sent, 4 * floats)
+  else:
+    assert 0 < sent < 4 * floats / 5, (sent, 4 * floats)
 
 
 # Delay none takes overlap's reads without the prefetch thread; it runs
@@ -616,6 +627,29 @@ def test_islands_refuse_codecs_that_need_a_whole_pipelined_leaf():
   config.pipeline.stages = 1
   config.diloco.compression = "lowrank"
   launcher.check_config(config)
+
+
+def test_islands_refuse_what_eager_does_not_combine_with():
+  # Eager workers read round r - 1's payloads of whole modules, not a
+  # version, and commit their view every round (islands/eager.py).
+  config = testing.tiny_config("2x2", inner_steps=2, num_steps=4)
+  config.diloco.delay = "eager"
+  launcher.check_config(config)
+  every = launcher.IslandOptions(inner_state_every=2)
+  with pytest.raises(UserError, match="--inner_state_every=2: eager"):
+    launcher.check_config(config, every)
+  config.diloco.download_compression = "int4"
+  with pytest.raises(UserError, match="download_compression: eager"):
+    launcher.check_config(config)
+  config.diloco.download_compression = "none"
+  config.pipeline.stages = config.pipeline.microbatches = 2
+  with pytest.raises(UserError, match="delay: eager on islands .* "
+                     "config.pipeline.stages to 1"):
+    launcher.check_config(config)
+  config.diloco.delay = "naive"  # A lower bound, simulated only.
+  config.pipeline.stages = config.pipeline.microbatches = 1
+  with pytest.raises(UserError, match="none, one_round, overlap or eager"):
+    launcher.check_config(config)
 
 
 def test_a_stage_share_is_copied_from_the_shards_that_hold_it():

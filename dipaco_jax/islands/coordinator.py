@@ -54,8 +54,8 @@ class Coordinator:
                       for s in topology.slots]
     self.groups = spec.groups()
     self.num_rounds = spec.num_rounds
-    self.delayed = spec.config["diloco"].get("delay") in ("one_round",
-                                                          "overlap")
+    self.delayed = spec.config["diloco"].get("delay") in (
+        "one_round", "overlap", "eager")
     saved = layout.read_json(layout.control(run, "coordinator.json")) or {}
     # The next round of each group that is not known to be done: from the
     # saved frontier on (the keys of earlier rounds may be collected).
@@ -90,10 +90,11 @@ class Coordinator:
 
   def task_ready(self, round_index: int, group: int) -> bool:
     if self.delayed and round_index > 0:
-      # One round late or overlapped (islands/delayed.py): a task starts
-      # from its group's own anchors and waits for version r only at its
-      # end (one_round) or after tau steps (overlap), while the executors
-      # make it. It starts once every task of round r - 1 is
+      # One round late, overlapped or eager (islands/delayed.py): a task
+      # starts from its group's own anchors and waits for version r only
+      # at its end (one_round) or after tau steps (overlap), while the
+      # executors make it; eager reads round r - 1's contributions
+      # instead. It starts once every task of round r - 1 is
       # done: their contributions make version r, so no task can wait on
       # a task that no free worker would run.
       return min(self.frontier) >= round_index

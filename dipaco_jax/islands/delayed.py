@@ -1,4 +1,6 @@
-"""A worker's task with a delayed outer step: `one_round` and `overlap`.
+"""A worker's task with a delayed outer step: `one_round`, `overlap` and
+`eager` (whose next start is `islands/eager.py`'s, from round r - 1's
+payloads instead of a version).
 
 The rule is `diloco/comm_step.py`'s, cut where the store is: a worker
 trains round r from its own anchor a^r (where its round started; the
@@ -92,6 +94,8 @@ def inner_like(runner, program) -> dict:
   what its codecs carry (if anything)."""
   like = {"opt": program.worker_opt_like, "anchor": program.module_like}
   carry = runner.wire.carry_like(program.module_like)
+  if runner.eager is not None:  # Its outer state (islands/eager.py).
+    carry[runner.eager.KEY] = runner.eager.like(program.module_like)
   if carry:
     like["wire"] = carry
   return like
@@ -155,8 +159,10 @@ def _fresh(runner, task, program):
   state and codec carry."""
   bank, local_GxS = runner.load_bank(task, program)
   anchor = program.gather_workers(bank, local_GxS)
-  return (anchor, program.init_inner_opt(anchor),
-          runner.wire.init_carry(anchor))
+  carry = runner.wire.init_carry(anchor)
+  if runner.eager is not None:
+    carry[runner.eager.KEY] = runner.eager.init(anchor)
+  return anchor, program.init_inner_opt(anchor), carry
 
 
 def _committed(runner, task, program):
@@ -309,11 +315,6 @@ def finish(runner, task, program, head: Trained,
                  wait_version_s=waited)
 
 
-def _write_contributions(runner, task, payloads, loss_G) -> None:
-  # Each unit's writer copies its own rows to the host (unit_io.py).
-  runner.write_contributions(task, payloads, loss_G)
-
-
 def _write_inner(runner, task, state) -> None:
   r, h = task.round_index, runner.spec.inner_steps
   host = jax.device_get(state)
@@ -337,21 +338,25 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
     done = finish(runner, task, program, done)
   t_compute = time.monotonic()
   loss_G = done.losses_HxG.mean(axis=0)
-  # Compressed slots: their payloads, and what their codecs carry on.
   payloads, carry = runner.wire.encode_units(
       _contributions(done.anchor, done.params), done.carry,
       runner.num_units)
   if runner.config.diloco.delay == "overlap":
-    # Version r was applied inside the round (its wait is part of
-    # `compute`); the next starts where this one ended.
+    # Version r was applied inside the round (its wait is in `compute`).
     t_version, next_anchor = 0.0, done.params
+  elif runner.eager is not None:  # No version: round r - 1's payloads.
+    t_version = time.monotonic()
+    key = runner.eager.KEY
+    next_anchor, carry[key] = runner.eager.next_view(
+        runner, task, done.anchor, done.carry[key], payloads)
+    t_version = time.monotonic() - t_version
   else:
     t_version = time.monotonic()
     start = _version(runner, task, program, done.anchor)
     t_version = time.monotonic() - t_version
     next_anchor = _next_anchor(done.params, start, done.anchor)
-  uploads = [background.Background(_write_contributions, runner, task,
-                                   payloads, loss_G)]
+  uploads = [background.Background(  # Each unit copies its own rows.
+      runner.write_contributions, task, payloads, loss_G)]
   # Every K rounds (`RunSpec.commits_inner`; never at the last round).
   if runner.spec.commits_inner(r):
     inner = {"opt": _copy(done.opt_state), "anchor": next_anchor}
@@ -360,10 +365,9 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
     uploads.append(background.Background(_write_inner, runner, task, inner))
 
   def start_uploads():
-    # Started once the next round's first steps are queued: the uploads'
-    # host work (copies, orbax's Python) then contends for the GIL with a
-    # dispatch loop that runs ahead of the device, not with the hand-over
-    # the device waits for.
+    # Once the next round's first steps are queued: the uploads' host work
+    # (copies, orbax's Python) then contends for the GIL with a dispatch
+    # loop running ahead of the device, not with the hand-over it awaits.
     for upload in uploads:
       upload.start()
   runner.kept = (task.group, (r + 1) * h, next_anchor, done.opt_state,
@@ -371,7 +375,8 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
   t_wait = time.monotonic()
   if r + 1 < runner.spec.num_rounds:
     following = type(task)(r + 1, task.group)
-    runner.prefetch = _Prefetch(runner, following, program)
+    if runner.eager is None:  # Eager reads no version.
+      runner.prefetch = _Prefetch(runner, following, program)
     # Under `overlap` only its first tau steps, which need no version.
     runner.speculated = train(runner, following, program, done.outer,
                               after_first_dispatch=start_uploads,
@@ -385,8 +390,8 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
   phases = {"compute": t_compute - t0, "wait": t_wait - t_compute,
             "next_round": t_next - t_wait,
             "upload_tail": time.monotonic() - t_next,
-            # Part of `wait`: the version's read (one_round), for the
-            # record (not drawn).
+            # Part of `wait`, not drawn: the version's read (one_round),
+            # or round r - 1's payloads read and mixed (eager).
             "wait_version": t_version}
   if runner.config.diloco.delay == "overlap":
     # Part of `compute`: waiting for version r after tau steps (drawn as

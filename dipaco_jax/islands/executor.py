@@ -38,6 +38,7 @@ from dipaco_jax.islands import downloads as downloads_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import repair
 from dipaco_jax.islands import timeline
+from dipaco_jax.islands import unit_io
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.islands import wire as wire_lib
 from dipaco_jax.model import layers
@@ -91,6 +92,7 @@ class ModuleStepper:
     self.aggregate = {name: c.spec.aggregate for name, c in
                       comm_lib.comm_by_slot(config, slots).items()}
     self._step = jax.jit(self._step_fn, static_argnums=0)
+    self._mix = jax.jit(self._mix_fn, static_argnums=0)
     self._mixing = {}
 
   def mixing(self, slot_index: int, expert: int):
@@ -110,10 +112,25 @@ class ModuleStepper:
     return (users, np.asarray(a_WxK)[users][:, expert:expert + 1],
             np.asarray(users_K)[expert:expert + 1])
 
+  def _deltas(self, slot: str, contribs_U, a_Ux1, users_1) -> dict:
+    """{slot: the module's pseudo-gradient [1, ...]}: Eq. (2) over its
+    users' contributions [U, ...]."""
+    return outer_lib.mix({slot: contribs_U}, [slot], [a_Ux1], [users_1],
+                         self.rescale, [self.aggregate[slot]])
+
+  def _mix_fn(self, slot: str, contribs_U, a_Ux1, users_1):
+    return _drop_expert_axis(
+        self._deltas(slot, contribs_U, a_Ux1, users_1)[slot])
+
+  def mix(self, slot: str, contribs_U, a_Ux1, users_1):
+    """The module's pseudo-gradient alone (no outer step), as `__call__`
+    mixes it: what an eager worker reads of a round (islands/eager.py)."""
+    return self._mix(slot, contribs_U, jnp.asarray(a_Ux1, jnp.float32),
+                     jnp.asarray(users_1, jnp.float32))
+
   def _step_fn(self, slot: str, params, opt_state, contribs_U, a_Ux1,
                users_1):
-    deltas = outer_lib.mix({slot: contribs_U}, [slot], [a_Ux1], [users_1],
-                           self.rescale, [self.aggregate[slot]])
+    deltas = self._deltas(slot, contribs_U, a_Ux1, users_1)
     bank, state = outer_lib.optimize(
         self.tx, {slot: _add_expert_axis(params)},
         {slot: _add_expert_axis(opt_state)}, deltas, {slot: users_1 > 0})
@@ -178,19 +195,9 @@ class Executor:
     params_like, _ = likes
     params, opt_state = self._version(module, r, likes)
     users, a_Ux1, users_1 = self.stepper.mixing(s, e)
-    rows = []
-    for w in users:
-      key = layout.contrib_dir(self.run, r, int(w), unit)
-      if name in self.wire.codecs:  # A compressed payload (islands/wire.py)
-        stored, _ = items.load_saved(key)
-        tree = self.wire.from_wire(name, stored, params_like)
-      else:
-        tree, _ = items.load_tree(key, params_like)
-      self.meter.add("read", r, key)
-      rows.append(tree)
-    contribs_U = (jax.tree.map(lambda *x: np.stack(x), *rows) if rows else
-                  jax.tree.map(lambda x: np.zeros((0,) + x.shape, x.dtype),
-                               params_like))
+    contribs_U = unit_io.read_contributions(self.run, self.wire, self.meter,
+                                            r, users, name, unit,
+                                            params_like)
     t_read = time.monotonic()
     params, opt_state = jax.device_get(self.stepper(
         name, params, opt_state, contribs_U, a_Ux1, users_1))

@@ -25,6 +25,7 @@ from dipaco_jax import paths as paths_lib
 from dipaco_jax.diloco import comm as comm_lib
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.errors import UserError
+from dipaco_jax.islands import eager as eager_lib
 from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import repair
@@ -44,10 +45,9 @@ class IslandOptions:
   paths_per_task: int = 1
   num_executors: int = 0  # 0 = one per unit (units step in parallel), <= 8.
   fake_devices: int = 0  # Per worker process (CPU only).
-  # Worker i sees only accelerator i % n (CUDA_VISIBLE_DEVICES), for n
-  # GPUs on this machine (the i % n-th of the launcher's own
-  # CUDA_VISIBLE_DEVICES list when it has one); 0 = every worker sees
-  # every device.
+  # Worker i sees only accelerator i % n (CUDA_VISIBLE_DEVICES; the i % n-th
+  # of the launcher's own list when it has one) of n GPUs on this machine;
+  # 0 = every worker sees every device.
   gpus_per_machine: int = 0
   heartbeat_s: float = 1.0
   lease_timeout_s: float = 20.0
@@ -56,8 +56,7 @@ class IslandOptions:
   link_mbps: float = 0.0  # Emulated link of every role (store/link.py).
   link_latency_ms: float = 0.0
   store_fsync: bool = False  # Sync local store writes (store/atomic.py).
-  # Commit the workers' AdamW states every K rounds (RunSpec).
-  inner_state_every: int = 1
+  inner_state_every: int = 1  # Commit AdamW states every K rounds.
   # Each local worker's --download_cache_mb; None: the worker's default.
   download_cache_mb: float | None = None
 
@@ -283,24 +282,25 @@ def _after_round0(tasks, tokens_per_task_path: int) -> float | None:
 def check_config(config, options: IslandOptions | None = None) -> None:
   """What islands cannot run yet, refused before any stage runs."""
   slots = paths_lib.topology_from_config(config).slots
-  delays = {c.delay for c in comm_lib.comm_by_slot(config, slots).values()}
-  if delays & {"eager", "lookahead", "naive"} or len(delays) > 1:
+  comms = comm_lib.comm_by_slot(config, slots).values()
+  delays = {c.delay for c in comms}
+  if delays & {"lookahead", "naive"} or len(delays) > 1:
     raise UserError(
         "config.diloco.delay/per_slot: islands apply one delay to every "
-        "slot, none, one_round or overlap; eager, lookahead, naive and "
+        "slot, none, one_round, overlap or eager; lookahead, naive and "
         "per-slot delays are simulated by dipaco_jax.main only.")
-  if any(c.spec.name == "lowrank_shared" for c in comm_lib.comm_by_slot(
-      config, slots).values()):
+  eager_lib.check_config(config, options, delays)
+  if any(c.spec.name == "lowrank_shared" for c in comms):
     raise UserError(
         "config.diloco.compression: lowrank_shared needs two exchanges "
-        "inside a round, which islands do not make yet; use lowrank or "
-        "topk, or run it with dipaco_jax.main.")
+        "inside a round, which islands do not make; use lowrank or topk, "
+        "or run it with dipaco_jax.main.")
   if (getattr(config.diloco, "download_compression", "none") != "none"
       and units_lib.num_stages(config) > 1):
-    raise UserError(
-        "config.diloco.download_compression: islands with pipeline stages "
-        "(config.pipeline.stages > 1) read module versions in float32; set "
-        "it to none or the stages to 1.")
+    raise UserError("config.diloco.download_compression: islands with "
+                    "pipeline stages (config.pipeline.stages > 1) read "
+                    "module versions in float32; set it to none or the "
+                    "stages to 1.")
   units_lib.check_codecs(config)
   replay.check_options(options and options.inner_state_every)
 

@@ -32,6 +32,7 @@ from dipaco_jax.data import prefetch
 from dipaco_jax.data import shards as shards_lib
 from dipaco_jax.islands import delayed
 from dipaco_jax.islands import downloads as downloads_lib
+from dipaco_jax.islands import eager as eager_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import program as program_lib
 from dipaco_jax.islands import replay
@@ -87,7 +88,11 @@ class TaskRunner:
     self.replayed_rounds = 0  # Rounds re-run to rebuild a start state.
     self.speculated = None  # A delayed group's next round, trained ahead.
     self.prefetch = None  # delayed._Prefetch: its next module version.
-    self.delayed = self.config.diloco.delay in ("one_round", "overlap")
+    self.delayed = self.config.diloco.delay in ("one_round", "overlap",
+                                                "eager")
+    # `eager`'s own outer step on each worker's view (islands/eager.py).
+    self.eager = (eager_lib.EagerViews(spec, self.config)
+                  if self.config.diloco.delay == "eager" else None)
     self.wire = wire_lib.Wire(self.config, self.topology.slots)
     # The workers' copies of the modules last read (compressed downloads),
     # within `download_cache_bytes` of host memory (None: no limit).

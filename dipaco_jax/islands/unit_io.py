@@ -10,6 +10,7 @@ worker in S threads, each copying to the host only its own stage's rows
 from concurrent import futures
 
 import jax
+import numpy as np
 
 from dipaco_jax.islands import background
 from dipaco_jax.islands import layout
@@ -82,3 +83,23 @@ def write_contributions(runner, task, payloads, loss_G) -> None:
     upload.start()
   for upload in uploads:
     upload.join()
+
+
+def read_contributions(run, wire, meter, round_index: int, users, name: str,
+                       unit: str, params_like):
+  """Round r's contributions of a unit's `users`, decoded (compressed
+  payloads through `wire`, islands/wire.py): leaves [U, ...]."""
+  rows = []
+  for w in users:
+    key = layout.contrib_dir(run, round_index, int(w), unit)
+    if name in wire.codecs:  # A compressed payload.
+      stored, _ = items.load_saved(key)
+      tree = wire.from_wire(name, stored, params_like)
+    else:
+      tree, _ = items.load_tree(key, params_like)
+    meter.add("read", round_index, key)
+    rows.append(tree)
+  if not rows:
+    return jax.tree.map(lambda x: np.zeros((0,) + x.shape, x.dtype),
+                        params_like)
+  return jax.tree.map(lambda *x: np.stack(x), *rows)
