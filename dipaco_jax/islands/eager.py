@@ -41,6 +41,7 @@ from dipaco_jax.islands import layout
 from dipaco_jax.islands import unit_io
 from dipaco_jax.islands import units as units_lib
 
+
 def check_config(config, options, delays) -> None:
   """What islands' `eager` does not combine with (nothing to check unless
   `delays` holds it): it reads round r - 1's payloads whole, not a version
@@ -69,7 +70,6 @@ class EagerViews:
   KEY = "eager_outer_state"  # Its key in the codec carry: no slot's name.
 
   def __init__(self, spec: layout.RunSpec, config):
-    self.spec = spec
     self.tx = outer_lib.outer_optimizer(config.diloco)
     self.stepper = executor_lib.ModuleStepper(spec)
     self.likes = executor_lib.module_likes(spec)
@@ -118,8 +118,8 @@ class EagerViews:
     contribs_U = unit_io.read_contributions(
         runner.run, runner.wire, runner.meter, round_index, users, name,
         name, params_like)
-    return users, self.stepper.mix(name, contribs_U, a_Ux1, users_1), \
-        contribs_U
+    delta = self.stepper.mix(name, contribs_U, a_Ux1, users_1)
+    return users, delta, contribs_U
 
   def _round_before(self, runner, task, sent_G):
     """(D^{r-1} of each group worker's modules, each worker's own

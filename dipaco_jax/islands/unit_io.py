@@ -1,10 +1,12 @@
-"""A worker's reads and writes of units (`islands/units.py`).
+"""Reads and writes of units (`islands/units.py`) and of contributions.
 
 A module is read as its units' keys (in parallel threads) and joined on
 the host; a round's
 contributions are written one key per unit, the S stages of a pipelined
 worker in S threads, each copying to the host only its own stage's rows
-(from the devices that hold them) and uploading 1/S of the bytes.
+(from the devices that hold them) and uploading 1/S of the bytes. A
+round's contributions are read back, decoded, by the executors and by
+`eager` workers (`read_contributions`).
 """
 
 from concurrent import futures
