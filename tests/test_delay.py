@@ -239,12 +239,15 @@ def test_islands_refuse_communication_settings_they_do_not_apply(tmp_path):
   from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
   from dipaco_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
-  for config in (_config(delay="eager"), _config(delay="lookahead"),
-                 _config(delay="naive"),
+  # eager runs on islands (islands/eager.py), but not beside compressed
+  # downloads, which its workers never read.
+  for config in (_config(delay="eager", download_compression="int4"),
+                 _config(delay="lookahead"), _config(delay="naive"),
                  _config(per_slot="level=delay:one_round"),
                  _config(compression="lowrank_shared")):
     with pytest.raises(UserError, match="config.diloco.delay|"
-                       "config.diloco.compression: lowrank_shared"):
+                       "config.diloco.compression: lowrank_shared|"
+                       "download_compression: eager"):
       pipeline.run(config, str(tmp_path),
                    islands=launcher.IslandOptions(num_workers=1))
     assert not any(tmp_path.iterdir())  # Refused before anything is written.
