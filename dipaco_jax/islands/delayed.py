@@ -346,9 +346,8 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
     t_version, next_anchor = 0.0, done.params
   elif runner.eager is not None:  # No version: round r - 1's payloads.
     t_version = time.monotonic()
-    key = runner.eager.KEY
-    next_anchor, carry[key] = runner.eager.next_view(
-        runner, task, done.anchor, done.carry[key], payloads)
+    next_anchor, carry[runner.eager.KEY] = runner.eager.next_view(
+        runner, task, done.anchor, done.carry[runner.eager.KEY], payloads)
     t_version = time.monotonic() - t_version
   else:
     t_version = time.monotonic()
@@ -375,8 +374,9 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
   t_wait = time.monotonic()
   if r + 1 < runner.spec.num_rounds:
     following = type(task)(r + 1, task.group)
-    if runner.eager is None:  # Eager reads no version.
-      runner.prefetch = _Prefetch(runner, following, program)
+    runner.prefetch = (_Prefetch(runner, following, program)
+                       if runner.eager is None  # Eager reads no version.
+                       else runner.eager.prefetch(runner, following))
     # Under `overlap` only its first tau steps, which need no version.
     runner.speculated = train(runner, following, program, done.outer,
                               after_first_dispatch=start_uploads,

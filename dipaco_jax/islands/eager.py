@@ -19,15 +19,20 @@ where a `one_round` worker reads the module's new version. With top-k
 that is SparseLoCo's all-gather; in float32 it is U times a version's
 bytes for a module of U users. At round 0 nothing has been mixed: E is
 the worker's own share, as in the SPMD runtime before its first pending
-round. The round r - 1 contributions are still on the store then: the
-coordinator deletes a round's contributions only once every group has
-passed the round after it (`coordinator.collect_garbage`).
+round. Round r - 1's payloads are all committed before round r starts
+(the coordinator's `task_ready`), so a thread reads and mixes them while
+round r trains (`prefetch`), as `one_round` reads its version; and they
+stay on the store until every group has passed round r
+(`coordinator.collect_garbage`).
 
 What a worker keeps between rounds gains m_w (per slot, the optimizer's
-state of a [G, ...] group), under the codec carry's key `EagerViews.KEY` (so it
-is committed with the AdamW state and a task moved to another worker goes
-on exactly).
+state of a [G, ...] group), under the codec carry's key `EagerViews.KEY`
+(so it is committed with the AdamW state and a task moved to another
+worker goes on exactly).
 """
+
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +41,7 @@ import numpy as np
 from dipaco_jax.diloco import delay_views
 from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.errors import UserError
+from dipaco_jax.islands import background
 from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import unit_io
@@ -121,13 +127,45 @@ class EagerViews:
     delta = self.stepper.mix(name, contribs_U, a_Ux1, users_1)
     return users, delta, contribs_U
 
-  def _round_before(self, runner, task, sent_G):
+  def _keys(self, runner, task) -> list:
+    """Round r - 1's contribution keys of every user of the group's
+    modules."""
+    group = list(task.group)
+    return [layout.contrib_dir(runner.run, task.round_index - 1, int(w),
+                               name)
+            for s, name in enumerate(self.slot_names)
+            for e in np.unique(self.assignment_WxS[group, s])
+            for w in self.stepper.mixing(s, int(e))[0]]
+
+  def _read_when_committed(self, runner, task, cancel, timeout_s):
+    """`_round_before` once every key it reads is committed (None if
+    `cancel` was set first)."""
+    keys = self._keys(runner, task)
+    deadline = time.monotonic() + timeout_s
+    while not all(layout.committed(k) for k in keys):
+      if cancel.is_set():
+        return None
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"waited {timeout_s:.0f} s for round "
+                           f"{task.round_index - 1}'s contributions")
+      time.sleep(0.01)
+    return self._round_before(runner, task)
+
+  def prefetch(self, runner, task, timeout_s: float = 3600.0):
+    """Starts reading and mixing what `task` (round r >= 1) will need,
+    round r - 1's payloads, as they are committed: while the task trains,
+    off its critical path (as `one_round` prefetches its version). An
+    object with `key`, `cancel` and `thread`, as `delayed._Prefetch`."""
+    fetch = _Prefetch((task.round_index, task.group))
+    fetch.thread = background.Background(
+        self._read_when_committed, runner, task, fetch.cancel, timeout_s)
+    fetch.thread.start()
+    return fetch
+
+  def _round_before(self, runner, task):
     """(D^{r-1} of each group worker's modules, each worker's own
-    C(c^{r-1})), [G, ...] per slot; zeros at round 0."""
+    C(c^{r-1})), [G, ...] per slot; r >= 1."""
     r, group = task.round_index, list(task.group)
-    if r == 0:
-      zeros = jax.tree.map(jnp.zeros_like, sent_G)
-      return zeros, zeros
     delayed, stale = {}, {}
     for s, name in enumerate(self.slot_names):
       d_rows, own_rows = [None] * len(group), [None] * len(group)
@@ -161,7 +199,25 @@ class EagerViews:
     states) from round r's anchors and payloads."""
     group = list(task.group)
     sent = self._sent(runner, payloads, len(group))
-    delayed, stale = self._round_before(runner, task, sent)
+    fetch, runner.prefetch = runner.prefetch, None
+    if fetch is not None and fetch.key != (task.round_index, task.group):
+      fetch.cancel.set()  # Another task's.
+      fetch = None
+    if task.round_index == 0:  # Nothing mixed yet.
+      delayed = stale = jax.tree.map(jnp.zeros_like, sent)
+    elif fetch is not None:
+      delayed, stale = fetch.thread.join()
+    else:
+      delayed, stale = self._round_before(runner, task)
     scale_SxG = [jnp.asarray(x[group], jnp.float32)
                  for x in self.own_scale_SxW]
     return self._step(anchor_G, opt_G, sent, stale, delayed, scale_SxG)
+
+
+class _Prefetch:
+  """A round's payloads being read and mixed by a thread (`prefetch`)."""
+
+  def __init__(self, key):
+    self.key = key
+    self.cancel = threading.Event()
+    self.thread = None
