@@ -114,15 +114,10 @@ def _read_version(runner, task, program, cancel=None,
   """Waits until every module the group uses has version r committed, then
   reads them and places each worker's copy on the devices: [G, ...], or
   None if `cancel` was set."""
-  keys = _version_keys(runner, task)
-  deadline = time.monotonic() + timeout_s
-  while not all(layout.committed(k) for k in keys):
-    if cancel is not None and cancel.is_set():
-      return None
-    if time.monotonic() > deadline:
-      raise TimeoutError(f"waited {timeout_s:.0f} s for module version "
-                         f"{task.round_index}")
-    time.sleep(0.01)
+  if not layout.wait_committed(_version_keys(runner, task),
+                               f"module version {task.round_index}",
+                               timeout_s, cancel):
+    return None
   bank, local_GxS = runner.load_bank(task, program)
   return jax.device_put(
       program.gather_workers(bank, local_GxS),

@@ -32,7 +32,6 @@ worker goes on exactly).
 """
 
 import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +45,8 @@ from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import unit_io
 from dipaco_jax.islands import units as units_lib
+
+WAIT_TIMEOUT_S = 3600.0  # For a round's payloads: every wait is bounded.
 
 
 def check_config(config, options, delays) -> None:
@@ -140,18 +141,13 @@ class EagerViews:
   def _read_when_committed(self, runner, task, cancel, timeout_s):
     """`_round_before` once every key it reads is committed (None if
     `cancel` was set first)."""
-    keys = self._keys(runner, task)
-    deadline = time.monotonic() + timeout_s
-    while not all(layout.committed(k) for k in keys):
-      if cancel.is_set():
-        return None
-      if time.monotonic() > deadline:
-        raise TimeoutError(f"waited {timeout_s:.0f} s for round "
-                           f"{task.round_index - 1}'s contributions")
-      time.sleep(0.01)
+    if not layout.wait_committed(
+        self._keys(runner, task),
+        f"round {task.round_index - 1}'s contributions", timeout_s, cancel):
+      return None
     return self._round_before(runner, task)
 
-  def prefetch(self, runner, task, timeout_s: float = 3600.0):
+  def prefetch(self, runner, task, timeout_s: float = WAIT_TIMEOUT_S):
     """Starts reading and mixing what `task` (round r >= 1) will need,
     round r - 1's payloads, as they are committed: while the task trains,
     off its critical path (as `one_round` prefetches its version). An

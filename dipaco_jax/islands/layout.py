@@ -347,3 +347,19 @@ def wait_for(predicate, what: str, timeout_s: float, poll_s: float = 0.1):
     time.sleep(delay)
     delay = min(delay * 1.5, 1.0)
   return result
+
+
+def wait_committed(keys, what: str, timeout_s: float, cancel=None,
+                   poll_s: float = 0.01) -> bool:
+  """Polls until every key of `keys` is committed (True), `cancel` (a
+  threading.Event) is set (False), or `timeout_s` passes (TimeoutError
+  naming `what`). A fixed short poll: a worker waits on it between
+  rounds, where every millisecond is the device's."""
+  deadline = time.monotonic() + timeout_s
+  while not all(committed(k) for k in keys):
+    if cancel is not None and cancel.is_set():
+      return False
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+    time.sleep(poll_s)
+  return True
