@@ -215,17 +215,17 @@
 # the cost falls with twice the bytes (58x fewer), against SparseLoCo's
 # +4.23% at 136.5x on this model.
 #   lowrank_shared104_int4_ef  lowrank_shared20_int4_ef at rank 104
-# Planned next (fixed 2026-12-04, not yet scored): the third size, 126M, at
-# the same ratio, rank 88 (117.9x), over 150 rounds of H = 15: the 126M
+# Then (fixed 2026-12-04 before the run; scored +25.41%): the third
+# size, 126M, at the same ratio, rank 88 (117.9x planned, 119.7x
+# measured), over 150 rounds of H = 15: the 126M
 # MODEL of the SparseLoCo 150-round run above, STEPS=2250
 # MAX_CHARS=400000000 LANES=1 BASELINE= NAMES=lowrank_shared88_int4_ef,
 # against that run's DiLoCo x8. About 900 s of device time: two calls of
 # device_call.sh 555 on one machine and WORK_DIR, the second made the
 # moment the first returns (a machine goes back 30 s after a call; PRIOR
-# carries finished arms only, not a checkpoint). Tried 2026-12-04: the
-# second call landed on a fresh machine, so it trained again from the
-# base; each call reached about step 1300 (training loss 1.70 there,
-# 527k tokens/s) and stopped.
+# carries finished arms only, not a checkpoint; a first try, whose second
+# call landed on a fresh machine, trained again from the base and was not
+# scored).
 #   lowrank_shared88_int4_ef  lowrank_shared20_int4_ef at rank 88
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
