@@ -172,25 +172,32 @@ def test_pipelined_units_survive_kills(tmp_path):
       "r000003"]
 
 
-def test_a_killed_eager_worker_goes_on_from_its_committed_view(tmp_path):
-  # delay=eager (islands/eager.py) with real processes, 4 rounds: each
+def test_a_killed_eager_worker_replays_from_its_committed_view(tmp_path):
+  # delay=eager (islands/eager.py) with real processes, 6 rounds: each
   # worker's own outer step on its view, from round r - 1's payloads,
   # which it reads off the store while the coordinator collects what it
-  # deems unread. A worker killed once round 1 is committed comes back (or
-  # its task goes to the other) and resumes from the committed view and
-  # outer state: the run with no kill, bit for bit. (That islands' eager
-  # is the SPMD runtime's: test_islands.py.)
-  calm, _, _, _ = _train(tmp_path, "calm", num_steps=8, paths_per_task=2,
+  # deems unread. Start states are committed every 3 rounds (after round
+  # 2 only); a worker killed once some contribution of round 4 is
+  # committed (so in round 4 or 5) comes back, or its task goes to the
+  # other, with nothing kept, and replays from round 3's committed view
+  # and outer state, stepping the view of round 3 from round 2's
+  # payloads, which the coordinator kept for it: the run with every state
+  # committed and no kill, bit for bit. (That islands' eager is the SPMD
+  # runtime's: test_islands.py.)
+  calm, _, _, _ = _train(tmp_path, "calm", num_steps=12, paths_per_task=2,
                          delay="eager")
   stormy, killed, run, _ = _train(
-      tmp_path, "stormy", num_steps=8, paths_per_task=2, delay="eager",
-      chaos=lambda run: KillAfterRound(run, 1))
+      tmp_path, "stormy", num_steps=12, paths_per_task=2, delay="eager",
+      inner_state_every=3, chaos=lambda run: KillAfterRound(run, 4))
   assert killed == ["worker"], "the run ended before the kill"
   for a, b in zip(jax.tree.leaves(calm.state["outer"]["params"]),
                   jax.tree.leaves(stormy.state["outer"]["params"])):
     np.testing.assert_array_equal(a, b)
+  logs = "".join(p.read_text() for p in pathlib.Path(run, "logs").glob(
+      "worker_*.log"))
+  assert "start state replayed from round 3" in logs
   assert {p.name for p in pathlib.Path(run, "modules").glob("*/*/v*")} == {
-      "v000003", "v000004"}
+      "v000005", "v000006"}
 
 
 @pytest.mark.parametrize("delay,kill_after,sig", [

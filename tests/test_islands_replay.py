@@ -197,29 +197,48 @@ def test_a_replay_advances_the_codec_carry(tmp_path):
   _assert_same_bits(*banks)
 
 
-# overlap's replay after a real kill: test_islands_processes.py.
-@pytest.mark.parametrize("delay", ["one_round", "overlap"])
+def _delayed_run(tmp_path, delay, every, pick, rounds, name="islands"):
+  """A delayed run's store after `rounds`, task (r, g) on `pick(runners,
+  r, g)` of two runners, with K = `every`: (exp, run, spec, log lines)."""
+  exp = test_islands._experiment(
+      tmp_path / f"k{every}", num_steps=4 * H, delay=delay,
+      overlap_steps=1 if delay == "overlap" else 0)
+  run = tmp_path / f"k{every}" / name
+  spec = _setup(exp, run, every)
+  lines = []
+  runners = [_runner(run, spec, f"w{i}", lines.append) for i in range(2)]
+  _rounds(exp, run, spec, lambda r, g: pick(runners, r, g), rounds)
+  for x in runners:  # Their next rounds' prefetches wait for nothing.
+    if x.prefetch is not None:
+      x.prefetch.cancel.set()
+  return exp, run, spec, lines
+
+
+def _own(runners, r, g):
+  del r
+  return runners[g]
+
+
+def _alternate(runners, r, g):
+  return runners[(r + g) % 2]
+
+
+# overlap's and eager's replays after a real kill:
+# test_islands_processes.py.
+@pytest.mark.parametrize("delay", ["one_round", "overlap", "eager"])
 def test_delayed_tasks_replay_and_end_with_the_same_bits(tmp_path, delay):
-  # One round late or overlapped (islands/delayed.py): the anchor is part
-  # of the state a replay rebuilds, from each replayed round's version
-  # (overlap: read after tau steps of the replayed round). K = 1 with each
+  # One round late, overlapped or eager (islands/delayed.py): the anchor is
+  # part of the state a replay rebuilds, from each replayed round's
+  # version (overlap: read after tau steps of the replayed round; eager:
+  # the view stepped by the worker's own outer optimizer from round
+  # j - 1's payloads, its state in the codec carry). K = 1 with each
   # group on its own runner (nothing replayed) against K = 2 with the
   # groups alternating between two runners (rounds 1 and 3 replayed).
   banks, stores = [], []
   for every in (1, 2):
-    exp = test_islands._experiment(
-        tmp_path / f"k{every}", num_steps=4 * H, delay=delay,
-        overlap_steps=1 if delay == "overlap" else 0)
-    run = tmp_path / f"k{every}" / "islands"
-    spec = _setup(exp, run, every)
-    lines = []
-    runners = [_runner(run, spec, f"w{i}", lines.append) for i in range(2)]
-    pick = ((lambda r, g: runners[g]) if every == 1
-            else (lambda r, g: runners[(r + g) % 2]))
-    _rounds(exp, run, spec, pick, range(spec.num_rounds))
-    for x in runners:  # Their next rounds' prefetches wait for nothing.
-      if x.prefetch is not None:
-        x.prefetch.cancel.set()
+    exp, run, spec, lines = _delayed_run(
+        tmp_path, delay, every, _own if every == 1 else _alternate,
+        range(4))
     replays = [l for l in lines if "replayed" in l]
     assert len(replays) == (0 if every == 1 else 4), replays
     banks.append(_final(exp, run, spec))
@@ -227,6 +246,31 @@ def test_delayed_tasks_replay_and_end_with_the_same_bits(tmp_path, delay):
   _assert_same_bits(*banks)
   assert stores == [{w: [H, 2 * H, 3 * H] for w in range(4)},
                     {w: [2 * H] for w in range(4)}]
+
+
+def test_an_eager_replay_after_garbage_collection(tmp_path):
+  # Eager with K = 2: round 3 of restarted workers replays round 2 from
+  # the state of step 2H, stepping its view from round 1's payloads, so
+  # the coordinator keeps round 1's contributions beside round 2's (and
+  # a delay without eager's view keeps round 2's only, above).
+  exp, run, spec, _ = _delayed_run(tmp_path, "eager", 2, _own, range(3))
+  coord = coordinator_lib.Coordinator(run, spec, log=lambda _: None)
+  assert coord.frontier == [3, 3]
+  coord._save_state([])  # pylint: disable=protected-access
+  coord.collect_garbage()
+  coord._save_state([])  # pylint: disable=protected-access
+  assert {p.name for p in run.glob("modules/*/*/v*")} == {"v000002",
+                                                          "v000003"}
+  assert sorted(p.name for p in (run / "contrib").iterdir()) == [
+      "r000001", "r000002"]
+  lines = []
+  fresh = [_runner(run, spec, f"x{g}", lines.append) for g in range(2)]
+  _rounds(exp, run, spec, lambda r, g: fresh[g], [3])
+  assert [x.replayed_rounds for x in fresh] == [1, 1], lines
+  k1_exp, k1_run, k1_spec, _ = _delayed_run(tmp_path, "eager", 1, _own,
+                                            range(4), name="k1")
+  _assert_same_bits(_final(k1_exp, k1_run, k1_spec),
+                    _final(exp, run, spec))
 
 
 def test_a_store_is_continued_only_with_its_own_k(every_round, tmp_path):

@@ -54,8 +54,11 @@ class Coordinator:
                       for s in topology.slots]
     self.groups = spec.groups()
     self.num_rounds = spec.num_rounds
-    self.delayed = spec.config["diloco"].get("delay") in (
-        "one_round", "overlap", "eager")
+    delay = spec.config["diloco"].get("delay")
+    self.delayed = delay in ("one_round", "overlap", "eager")
+    # Rounds of contributions kept beyond their version's: an eager replay
+    # from commit round c mixes round c - 1's (islands/eager.py).
+    self.contrib_lag = int(delay == "eager" and spec.inner_state_every > 1)
     saved = layout.read_json(layout.control(run, "coordinator.json")) or {}
     # The next round of each group that is not known to be done: from the
     # saved frontier on (the keys of earlier rounds may be collected).
@@ -220,7 +223,8 @@ class Coordinator:
   def collect_garbage(self) -> None:
     """Deletes what no task, outer step or rebuild can read again, so a
     long run keeps about two rounds on the store (K + 1 rounds with
-    `inner_state_every` = K, for replays): a group's AdamW states before
+    `inner_state_every` = K, for replays; eager's contributions one round
+    more): a group's AdamW states before
     the state its last round started or replayed from, and module versions
     (with their optimizer states and contributions) before the one the
     newest was made from. A finished run keeps its last two versions."""
@@ -248,7 +252,8 @@ class Coordinator:
         atomic.remove(layout.outer_state_dir(self.run, name, e, v))
         atomic.remove(layout.download_dir(self.run, name, e, v))
         atomic.remove(layout.published_dir(self.run, name, e, v))
-      atomic.remove(layout.contrib_round_dir(self.run, v))
+      if v >= self.contrib_lag:
+        atomic.remove(layout.contrib_round_dir(self.run, v - self.contrib_lag))
       self._collected["version"] = v + 1
 
   def tick(self) -> bool:

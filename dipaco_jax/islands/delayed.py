@@ -194,8 +194,8 @@ def _replay(runner, task, program):
   """The delayed rule of `replay.py`: from the last committed start state
   (round c; the fresh init at 0), each round j < r is trained again from
   its anchor, its contributions re-encoded (the codec carry advances), and
-  the next anchor made from version j exactly as the first run made it:
-  the same bits, nothing written. Logs one line."""
+  the next anchor made from version j (eager: round j - 1's payloads) as
+  the first run made it: the same bits, nothing written. Logs one line."""
   t0 = time.monotonic()
   r = task.round_index
   c = replay.start_round(runner, task)
@@ -211,11 +211,16 @@ def _replay(runner, task, program):
     done = train(runner, past, program, start=start, partial=overlap)
     if done.partial:
       done = finish(runner, past, program, done, read_version=read)
-    _, carry = runner.wire.encode_units(
+    payloads, carry = runner.wire.encode_units(
         _contributions(done.anchor, done.params), done.carry,
         runner.num_units)
-    next_start = (done.params if overlap else
-                  _next_anchor(done.params, read(), done.anchor))
+    if runner.eager is not None:  # The view, from round j - 1's payloads.
+      next_start, carry[runner.eager.KEY] = runner.eager.next_view(
+          runner, past, done.anchor, done.carry[runner.eager.KEY], payloads,
+          prefetched=False)
+    else:
+      next_start = (done.params if overlap else
+                    _next_anchor(done.params, read(), done.anchor))
     start = (next_start, done.opt_state, carry)
   runner.replayed_rounds += r - c
   runner.log(f"round {r} workers {list(task.group)}: start state replayed "

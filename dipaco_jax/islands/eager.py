@@ -28,7 +28,11 @@ stay on the store until every group has passed round r
 What a worker keeps between rounds gains m_w (per slot, the optimizer's
 state of a [G, ...] group), under the codec carry's key `EagerViews.KEY`
 (so it is committed with the AdamW state and a task moved to another
-worker goes on exactly).
+worker goes on exactly). With `inner_state_every` = K > 1 a replay
+(`delayed._replay`) steps the view of each replayed round j from round
+j - 1's payloads, read as the first run read them (`next_view`'s
+`prefetched=False`); the coordinator keeps one round more of
+contributions for it (`Coordinator.collect_garbage`).
 """
 
 import threading
@@ -49,11 +53,10 @@ from dipaco_jax.islands import units as units_lib
 WAIT_TIMEOUT_S = 3600.0  # For a round's payloads: every wait is bounded.
 
 
-def check_config(config, options, delays) -> None:
+def check_config(config, delays) -> None:
   """What islands' `eager` does not combine with (nothing to check unless
   `delays` holds it): it reads round r - 1's payloads whole, not a version
-  (so no stages, no compressed downloads), and its start state has no
-  replay."""
+  (so no stages, no compressed downloads)."""
   if "eager" not in delays:
     return
   if units_lib.num_stages(config) > 1:
@@ -64,10 +67,6 @@ def check_config(config, options, delays) -> None:
     raise UserError("config.diloco.download_compression: eager workers "
                     "read no module versions, only their users' payloads; "
                     "set it to none.")
-  if options is not None and (options.inner_state_every or 1) > 1:
-    raise UserError(f"--inner_state_every={options.inner_state_every}: "
-                    "eager commits its start state every round; drop the "
-                    "flag (or use one_round or overlap).")
 
 
 class EagerViews:
@@ -190,12 +189,18 @@ class EagerViews:
       sent[name] = jax.tree.map(lambda *x: jnp.stack(x), *rows)
     return sent
 
-  def next_view(self, runner, task, anchor_G, opt_G, payloads):
+  def next_view(self, runner, task, anchor_G, opt_G, payloads,
+                prefetched=True):
     """(round r + 1's start [G, ...], the workers' new outer optimizer
-    states) from round r's anchors and payloads."""
+    states) from round r's anchors and payloads. `prefetched`: take round
+    r - 1's mix from the runner's prefetch if it is this task's; False (a
+    replay) reads it now and leaves the prefetch, the task's being run,
+    alone."""
     group = list(task.group)
     sent = self._sent(runner, payloads, len(group))
-    fetch, runner.prefetch = runner.prefetch, None
+    fetch = None
+    if prefetched:
+      fetch, runner.prefetch = runner.prefetch, None
     if fetch is not None and fetch.key != (task.round_index, task.group):
       fetch.cancel.set()  # Another task's.
       fetch = None

@@ -289,7 +289,7 @@ def check_config(config, options: IslandOptions | None = None) -> None:
         "config.diloco.delay/per_slot: islands apply one delay to every "
         "slot, none, one_round, overlap or eager; lookahead, naive and "
         "per-slot delays are simulated by dipaco_jax.main only.")
-  eager_lib.check_config(config, options, delays)
+  eager_lib.check_config(config, delays)
   if any(c.spec.name == "lowrank_shared" for c in comms):
     raise UserError(
         "config.diloco.compression: lowrank_shared needs two exchanges "
