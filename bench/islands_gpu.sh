@@ -27,9 +27,8 @@
 #   runtime costs per round (reads, writes, the outer step through the
 #   store) and its phase tables say where.
 # ARMS words are DELAY:H, DELAY:H:K or DELAY:H:K:E (DELAY none, one_round,
-# eager, or overlap/TAU: delay=overlap, overlap_steps=TAU; eager takes no
-# E, islands/eager.py), K: kill -9 worker w1
-# K seconds after the first heartbeat (the launcher restarts it; compare
+# eager, or overlap/TAU: delay=overlap, overlap_steps=TAU), K: kill -9
+# worker w1 K seconds after the first heartbeat (the launcher restarts it; compare
 # the wall time with the same arm without K); E: --inner_state_every=E
 # (the AdamW states committed every E rounds; none:1000::4 without a kill).
 # An arm named twice runs twice (the second's files end in _rep2).

@@ -55,8 +55,9 @@ _INNER_STATE_EVERY = flags.DEFINE_integer(
     "carries) every K rounds, not every round: fewer bytes "
     "written; a task that moves to another worker, or a restarted one, "
     "replays up to K - 1 rounds, and the store keeps up to K module "
-    "versions (with a delay, one_round or overlap, the anchor is part of "
-    "the state and is committed with it; eager needs K = 1).",
+    "versions (with a delay the anchor is part of the state and is "
+    "committed with it; eager's view and outer optimizer state too, and "
+    "its store keeps one round more of contributions for its replays).",
     lower_bound=1)
 _STORE_FSYNC = flags.DEFINE_bool(
     "store_fsync", False, "Sync a local store's writes to disk before each "
