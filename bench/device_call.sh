@@ -41,12 +41,7 @@ grace=${GRACE:-120}
 mkdir -p "$out"
 res="$work.out"  # the sweep's OUT_DIR: its log grows over the calls
 mkdir -p "$res"
-wheels=${WHEELS-wheels}  # WHEELS= installs none
-if [[ -n "$wheels" ]] && compgen -G "$wheels/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile \
-    --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source bench/carried_wheels.sh
 gpu_log() {
   command -v nvidia-smi > /dev/null || return 0
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader \

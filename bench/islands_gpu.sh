@@ -55,11 +55,15 @@
 # "0,1": the SPMD run on the first, worker i on the i-th; default 0..N-1),
 # so another job can use the machine's other GPUs meanwhile; SPMD_STEPS
 # (the SPMD run's steps, default STEPS: its tokens/s is the median of its
-# progress rows, so a shorter run measures the same rate in less time).
+# progress rows after the first, so a shorter run measures the same rate
+# in less time; 300 or more: at 100 the one row left holds the run's end).
 # Writes OUT/<part>.log, OUT/*.json (results.json and islands stats), each
 # island arm's role logs as a .tgz. The device tool returns only a few
-# files from $OUT: run it on a folder and tar that into $OUT.
+# files from $OUT: run it on a folder and tar that into $OUT. Run from the
+# repository root; wheels carried in wheels/ are installed first
+# (bench/carried_wheels.sh).
 set -uo pipefail
+source "$(dirname "$0")/carried_wheels.sh"
 part=${1:?paths256|diloco2|diloco4|dipaco4|dipaco1}; out=${2:?OUT}
 mkdir -p "$out"; log="$out/$part.log"
 # A run cut short (`timeout`, ^C) takes its training processes with it:
