@@ -27,6 +27,7 @@ from dipaco_jax.islands import layout
 from dipaco_jax.islands import roles as roles_lib
 from dipaco_jax.islands import task_runner as runner_lib
 from dipaco_jax.islands import timeline
+from dipaco_jax.islands import unit_io
 from dipaco_jax.stages import experiment as experiment_lib
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
@@ -182,7 +183,8 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
     ("overlap", 1, 0, "int4"), ("overlap", 2, 0, "int4"),
     ("none", 0, 4, "int4"), ("none", 0, 0, "topk_senders"),
     ("eager", 0, 0, "int4"), ("eager", 0, 0, "none")])
-def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
+def test_compressed_islands_equal_the_spmd_simulation(tmp_path, monkeypatch,
+                                                      delay, tau,
                                                       factor_bits, codec):
   # DiLoCoX on islands (islands/delayed.py: one_round; overlap at tau = 1
   # of H = 2, version 1 applied after round 1's first step, and at tau =
@@ -211,17 +213,33 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, delay, tau,
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)
   spmd = jax.device_get(exp.train().state["outer"]["params"])
   run = tmp_path / "islands"
+  # Contribution rows the worker reads (its meter is `w`'s; the executor
+  # reads them all).
+  worker_reads = []
+  read_contributions = unit_io.read_contributions
+
+  def counted(run_, wire, meter, round_index, users, *rest):
+    if meter.path.name == "w.json":
+      worker_reads.append(len(users))
+    return read_contributions(run_, wire, meter, round_index, users, *rest)
+  monkeypatch.setattr(unit_io, "read_contributions", counted)
   # All paths in one task: the SPMD run's mesh, so the same roundings (on
   # another mesh a 1e-7 difference can flip an int4 code: one step).
   bank = _islands_in_process(exp, run, 4, forget=True)
   assert _max_abs_diff(spmd, bank) < 1e-6, _max_abs_diff(spmd, bank)
+  # Eager from the store: round 1 reads every user's payload of round 0.
+  assert sum(worker_reads) == (4 * 3 if delay == "eager" else 0), (
+      worker_reads)
   if delay == "overlap" or (delay, codec) == ("eager", "int4"):
     # Kept between tasks: round 1's first tau steps (eager: all of round
     # 1, from the view kept on device) trained beside round 0's uploads
     # (`delayed.train(..., partial=True)`), finished once the task is
-    # handed over; the same numbers.
+    # handed over; the same numbers. Eager then mixes its own payloads of
+    # round 0 as it kept them: one task holds every path, so it reads none.
+    worker_reads.clear()
     kept = _islands_in_process(exp, tmp_path / "kept", 4)
     assert _max_abs_diff(spmd, kept) < 1e-6, _max_abs_diff(spmd, kept)
+    assert sum(worker_reads) == 0, worker_reads
   # What went on the wire: the payloads' bytes (commit markers), against
   # float32 contributions (4 workers x one module per slot x 2 rounds).
   sent = sum(atomic.read_commit(d)["bytes"] for d in

@@ -191,11 +191,10 @@ def _start(runner, task, program):
 
 
 def _replay(runner, task, program):
-  """The delayed rule of `replay.py`: from the last committed start state
-  (round c; the fresh init at 0), each round j < r is trained again from
-  its anchor, its contributions re-encoded (the codec carry advances), and
-  the next anchor made from version j (eager: round j - 1's payloads) as
-  the first run made it: the same bits, nothing written. Logs one line."""
+  """`replay.py`'s rule, delayed: from the last committed start (round c;
+  at 0 the fresh init) each round j < r trains again from its anchor, is
+  re-encoded (the codec carry advances) and makes the next anchor from
+  version j (eager: round j - 1's payloads): the same bits, none written."""
   t0 = time.monotonic()
   r = task.round_index
   c = replay.start_round(runner, task)
@@ -215,7 +214,7 @@ def _replay(runner, task, program):
         _contributions(done.anchor, done.params), done.carry,
         runner.num_units)
     if runner.eager is not None:  # The view, from round j - 1's payloads.
-      next_start, carry[runner.eager.KEY] = runner.eager.next_view(
+      next_start, carry[runner.eager.KEY], _ = runner.eager.next_view(
           runner, past, done.anchor, done.carry[runner.eager.KEY], payloads,
           prefetched=False)
     else:
@@ -341,12 +340,13 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
   payloads, carry = runner.wire.encode_units(
       _contributions(done.anchor, done.params), done.carry,
       runner.num_units)
+  sent = None  # Eager: the payloads as decoded, mixed next round.
   if runner.config.diloco.delay == "overlap":
     # Version r was applied inside the round (its wait is in `compute`).
     t_version, next_anchor = 0.0, done.params
   elif runner.eager is not None:  # No version: round r - 1's payloads.
     t_version = time.monotonic()
-    next_anchor, carry[runner.eager.KEY] = runner.eager.next_view(
+    next_anchor, carry[runner.eager.KEY], sent = runner.eager.next_view(
         runner, task, done.anchor, done.carry[runner.eager.KEY], payloads)
     t_version = time.monotonic() - t_version
   else:
@@ -370,7 +370,7 @@ def run_task(runner, task, program, t0: float) -> tuple[dict, dict]:
     for upload in uploads:
       upload.start()
   runner.kept = (task.group, (r + 1) * h, next_anchor, done.opt_state,
-                 carry)
+                 carry, sent)
   t_wait = time.monotonic()
   if r + 1 < runner.spec.num_rounds:
     following = type(task)(r + 1, task.group)

@@ -13,11 +13,14 @@ with its own outer optimizer state m_w:
 D^{r-1} is the module's mixed round r - 1, which the worker mixes itself
 from that round's contributions on the store. It reads them as the
 executors do (compressed payloads decoded by `islands/wire.py`, mixed by
-the executors' own program), its own C(c_w^{r-1}) among them. So an eager
-worker reads each of its modules' users' payloads of the round before,
-where a `one_round` worker reads the module's new version. With top-k
-that is SparseLoCo's all-gather; in float32 it is U times a version's
-bytes for a module of U users. At round 0 nothing has been mixed: E is
+the executors' own program), except its group's own C(c_w^{r-1}) when it
+ran that round itself: those it keeps from the round's end (the last
+field of `runner.kept`), the bits it wrote, so it neither waits for its
+own uploads nor reads them back. So an eager worker reads its modules'
+other users' payloads of the round before, where a `one_round` worker
+reads the module's new version. With top-k that is SparseLoCo's
+all-gather; in float32 it is up to U - 1 times a version's bytes for a
+module of U users. At round 0 nothing has been mixed: E is
 the worker's own share, as in the SPMD runtime before its first pending
 round. Round r - 1's payloads are all committed before round r starts
 (the coordinator's `task_ready`), so a thread reads and mixes them while
@@ -115,36 +118,60 @@ class EagerViews:
           scale_SxG[s], view_G[name])
     return views, states
 
-  def _module_round(self, runner, round_index: int, s: int, expert: int):
+  def _module_round(self, runner, round_index: int, s: int, expert: int,
+                    own: dict):
     """(users, D^{round}[expert] of slot s, the users' decoded
-    contributions [U, ...]), read and mixed as an executor does."""
+    contributions [U, ...]), read and mixed as an executor does; the
+    users in `own` ({worker: its row}) taken from there, not read."""
     name = self.slot_names[s]
     users, a_Ux1, users_1 = self.stepper.mixing(s, expert)
     params_like = self.likes((s, expert, 0))[0]
-    contribs_U = unit_io.read_contributions(
-        runner.run, runner.wire, runner.meter, round_index, users, name,
+    others = [w for w in users if int(w) not in own]
+    read_U = unit_io.read_contributions(
+        runner.run, runner.wire, runner.meter, round_index, others, name,
         name, params_like)
+    contribs_U = read_U
+    if len(others) < len(users):  # In the users' order: the mix's sum.
+      rows, j = [], 0
+      for w in users:
+        if int(w) in own:
+          rows.append(own[int(w)])
+        else:
+          rows.append(jax.tree.map(lambda x, j=j: x[j], read_U))
+          j += 1
+      contribs_U = jax.tree.map(lambda *x: jnp.stack(x), *rows)
     delta = self.stepper.mix(name, contribs_U, a_Ux1, users_1)
     return users, delta, contribs_U
 
-  def _keys(self, runner, task) -> list:
+  @staticmethod
+  def _own(runner, task):
+    """The group's decoded payloads of round r - 1 [G, ...] per slot, if
+    this worker ran that round and kept them (`runner.kept`), else None."""
+    kept = runner.kept
+    step = task.round_index * runner.spec.inner_steps
+    if kept is None or kept[:2] != (task.group, step):
+      return None
+    return kept[5]
+
+  def _keys(self, runner, task, own) -> list:
     """Round r - 1's contribution keys of every user of the group's
-    modules."""
+    modules that is not in `own`."""
     group = list(task.group)
     return [layout.contrib_dir(runner.run, task.round_index - 1, int(w),
                                name)
             for s, name in enumerate(self.slot_names)
             for e in np.unique(self.assignment_WxS[group, s])
-            for w in self.stepper.mixing(s, int(e))[0]]
+            for w in self.stepper.mixing(s, int(e))[0]
+            if own is None or int(w) not in task.group]
 
-  def _read_when_committed(self, runner, task, cancel, timeout_s):
+  def _read_when_committed(self, runner, task, own, cancel, timeout_s):
     """`_round_before` once every key it reads is committed (None if
     `cancel` was set first)."""
     if not layout.wait_committed(
-        self._keys(runner, task),
+        self._keys(runner, task, own),
         f"round {task.round_index - 1}'s contributions", timeout_s, cancel):
       return None
-    return self._round_before(runner, task)
+    return self._round_before(runner, task, own)
 
   def prefetch(self, runner, task, timeout_s: float = WAIT_TIMEOUT_S):
     """Starts reading and mixing what `task` (round r >= 1) will need,
@@ -153,19 +180,27 @@ class EagerViews:
     object with `key`, `cancel` and `thread`, as `delayed._Prefetch`."""
     fetch = _Prefetch((task.round_index, task.group))
     fetch.thread = background.Background(
-        self._read_when_committed, runner, task, fetch.cancel, timeout_s)
+        self._read_when_committed, runner, task, self._own(runner, task),
+        fetch.cancel, timeout_s)
     fetch.thread.start()
     return fetch
 
-  def _round_before(self, runner, task):
+  def _round_before(self, runner, task, own):
     """(D^{r-1} of each group worker's modules, each worker's own
-    C(c^{r-1})), [G, ...] per slot; r >= 1."""
+    C(c^{r-1})), [G, ...] per slot; r >= 1. `own`: the group's decoded
+    payloads of round r - 1 (`_own`), or None to read them too."""
     r, group = task.round_index, list(task.group)
     delayed, stale = {}, {}
     for s, name in enumerate(self.slot_names):
+      mine = {} if own is None else {
+          int(w): jax.tree.map(lambda x, i=i: x[i], own[name])
+          for i, w in enumerate(group)}
       d_rows, own_rows = [None] * len(group), [None] * len(group)
       for e in np.unique(self.assignment_WxS[group, s]):
-        users, d, contribs_U = self._module_round(runner, r - 1, s, int(e))
+        users = self.stepper.mixing(s, int(e))[0]
+        _, d, contribs_U = self._module_round(
+            runner, r - 1, s, int(e),
+            {w: row for w, row in mine.items() if w in users})
         for i, w in enumerate(group):
           if self.assignment_WxS[w, s] == e:
             d_rows[i] = d
@@ -192,10 +227,11 @@ class EagerViews:
   def next_view(self, runner, task, anchor_G, opt_G, payloads,
                 prefetched=True):
     """(round r + 1's start [G, ...], the workers' new outer optimizer
-    states) from round r's anchors and payloads. `prefetched`: take round
-    r - 1's mix from the runner's prefetch if it is this task's; False (a
-    replay) reads it now and leaves the prefetch, the task's being run,
-    alone."""
+    states, their decoded payloads of round r [G, ...]: what the next
+    round mixes for them) from round r's anchors and payloads.
+    `prefetched`: take round r - 1's mix from the runner's prefetch if it
+    is this task's; False (a replay) reads it now and leaves the prefetch,
+    the task's being run, alone."""
     group = list(task.group)
     sent = self._sent(runner, payloads, len(group))
     fetch = None
@@ -209,10 +245,12 @@ class EagerViews:
     elif fetch is not None:
       delayed, stale = fetch.thread.join()
     else:
-      delayed, stale = self._round_before(runner, task)
+      delayed, stale = self._round_before(runner, task,
+                                          self._own(runner, task))
     scale_SxG = [jnp.asarray(x[group], jnp.float32)
                  for x in self.own_scale_SxW]
-    return self._step(anchor_G, opt_G, sent, stale, delayed, scale_SxG)
+    view, opt = self._step(anchor_G, opt_G, sent, stale, delayed, scale_SxG)
+    return view, opt, sent
 
 
 class _Prefetch:

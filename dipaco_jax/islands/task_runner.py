@@ -82,7 +82,7 @@ class TaskRunner:
     # (group, step, AdamW states on device, codec carry) of the last task:
     # a worker given the same group's next round skips reading them back
     # (they are the bytes it just committed). `kept` is the delayed tasks'
-    # (group, step, anchor, AdamW, codec carry).
+    # (group, step, anchor, AdamW, codec carry, eager's decoded payloads).
     self._kept = None
     self.kept = None
     self.replayed_rounds = 0  # Rounds re-run to rebuild a start state.
