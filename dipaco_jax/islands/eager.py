@@ -121,8 +121,8 @@ class EagerViews:
   def _module_round(self, runner, round_index: int, s: int, expert: int,
                     own: dict):
     """(users, D^{round}[expert] of slot s, the users' decoded
-    contributions [U, ...]), read and mixed as an executor does; the
-    users in `own` ({worker: its row}) taken from there, not read."""
+    contributions [U, ...]), read and mixed as an executor does; users
+    found in `own` ({worker: its row}) taken from there, not read."""
     name = self.slot_names[s]
     users, a_Ux1, users_1 = self.stepper.mixing(s, expert)
     params_like = self.likes((s, expert, 0))[0]
@@ -197,10 +197,8 @@ class EagerViews:
           for i, w in enumerate(group)}
       d_rows, own_rows = [None] * len(group), [None] * len(group)
       for e in np.unique(self.assignment_WxS[group, s]):
-        users = self.stepper.mixing(s, int(e))[0]
-        _, d, contribs_U = self._module_round(
-            runner, r - 1, s, int(e),
-            {w: row for w, row in mine.items() if w in users})
+        users, d, contribs_U = self._module_round(runner, r - 1, s, int(e),
+                                                  mine)
         for i, w in enumerate(group):
           if self.assignment_WxS[w, s] == e:
             d_rows[i] = d
