@@ -224,10 +224,10 @@ class Coordinator:
     """Deletes what no task, outer step or rebuild can read again, so a
     long run keeps about two rounds on the store (K + 1 rounds with
     `inner_state_every` = K, for replays; eager's contributions one round
-    more): a group's AdamW states before
-    the state its last round started or replayed from, and module versions
-    (with their optimizer states and contributions) before the one the
-    newest was made from. A finished run keeps its last two versions."""
+    more): a group's AdamW states before the state its last round started
+    or replayed from, and module versions (with their optimizer states and
+    contributions) before the one the newest was made from. A finished run
+    keeps its last two versions."""
     h = self.spec.inner_steps
     for g, workers in enumerate(self.groups):
       keep = (self._rebuild_from(self.frontier[g]) if self.frontier[g] <

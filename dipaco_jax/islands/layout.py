@@ -336,19 +336,6 @@ def committed(directory) -> bool:
   return atomic.is_committed(directory)
 
 
-def wait_for(predicate, what: str, timeout_s: float, poll_s: float = 0.1):
-  """Polls `predicate()` until truthy, or raises TimeoutError naming
-  `what`; every wait on the store is bounded."""
-  deadline = time.monotonic() + timeout_s
-  delay = poll_s
-  while not (result := predicate()):
-    if time.monotonic() > deadline:
-      raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
-    time.sleep(delay)
-    delay = min(delay * 1.5, 1.0)
-  return result
-
-
 def wait_committed(keys, what: str, timeout_s: float, cancel=None,
                    poll_s: float = 0.01) -> bool:
   """Polls until every key of `keys` is committed (True), `cancel` (a
