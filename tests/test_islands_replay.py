@@ -4,6 +4,8 @@ state is neither kept nor committed replays the rounds since the last
 commit, and the run ends with the same bits as with K = 1."""
 
 import dataclasses
+import threading
+import time
 
 import jax
 import numpy as np
@@ -11,8 +13,10 @@ import pytest
 
 from dipaco_jax import testing
 from dipaco_jax.errors import UserError
+from dipaco_jax.islands import background
 from dipaco_jax.islands import coordinator as coordinator_lib
 from dipaco_jax.islands import executor as executor_lib
+from dipaco_jax.islands import garbage
 from dipaco_jax.islands import launcher
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import task_runner as runner_lib
@@ -173,6 +177,64 @@ def test_a_replay_after_garbage_collection(every_round, tmp_path):
   assert {p.name for p in run.glob("modules/*/*/v*")} == {"v000003",
                                                           "v000004"}
   assert _inner_steps_on_store(run) == {}
+
+
+def test_the_coordinator_role_deletes_without_holding_up_a_lease(
+    every_round, tmp_path, monkeypatch):
+  # `serve`'s coordinator deletes in a thread: after a commit round at
+  # K = 10 that is ten rounds of keys at once (2 s of idle worker on one
+  # H200 when `tick` waited). A deletion held up here leaves `tick` free;
+  # the record it saves lags the deletions, never leads them.
+  exp, _, _ = every_round
+  run = tmp_path / "islands"
+  spec = _setup(exp, run, 2)
+  runners = [_runner(run, spec, f"w{g}") for g in range(2)]
+  _rounds(exp, run, spec, lambda r, g: runners[g], range(3))
+  entered, release, calls = threading.Event(), threading.Event(), []
+  remove = garbage.atomic.remove
+
+  def held_remove(directory):
+    entered.set()
+    assert release.wait(timeout=60), "never released"
+    remove(directory)
+
+  monkeypatch.setattr(garbage.atomic, "remove", held_remove)
+  coord = coordinator_lib.Coordinator(run, spec, log=lambda _: None,
+                                      collect_in_background=True)
+  collect = coord.garbage.collect
+  monkeypatch.setattr(coord.garbage, "collect",
+                      lambda f: (calls.append(list(f)), collect(f)))
+  coord._collector = background.OneAtATime(coord.garbage.collect)  # pylint: disable=protected-access
+  saved = lambda: layout.read_json(layout.control(
+      run, "coordinator.json"))["collected"]["version"]
+  assert not coord.tick()
+  assert entered.wait(timeout=60)
+  assert not coord.tick()  # The first deletion still going: no second.
+  assert calls == [[3, 3]] and saved() == 0
+  assert len({p.name for p in run.glob("modules/*/*/v*")}) == 4
+  release.set()
+  coord._collector.join()  # pylint: disable=protected-access
+  assert not coord.tick()
+  assert saved() == 2
+  assert {p.name for p in run.glob("modules/*/*/v*")} == {"v000002",
+                                                          "v000003"}
+
+
+def test_a_failed_background_run_fails_the_next_start():
+  def fail(x):
+    raise OSError(f"disk gone at {x}")
+  one = background.OneAtATime(fail)
+  one.start(1)
+  for _ in range(6000):  # Bounded: a minute.
+    if not one.running:
+      break
+    time.sleep(0.01)
+  with pytest.raises(OSError, match="disk gone at 1"):
+    one.start(2)
+  one.start(3)
+  with pytest.raises(OSError, match="disk gone at 3"):
+    one.join()
+  one.join()  # Nothing left to wait for.
 
 
 def test_a_replay_advances_the_codec_carry(tmp_path):

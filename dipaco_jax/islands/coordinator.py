@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from dipaco_jax.islands import background
+from dipaco_jax.islands import garbage
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import repair
 from dipaco_jax.islands import timeline
@@ -38,9 +40,12 @@ class Coordinator:
   """The scheduling state of one run, rebuilt from the store."""
 
   def __init__(self, run, spec: layout.RunSpec, log=print, clock=None,
-               before_done=lambda: None):
+               before_done=lambda: None, collect_in_background=False):
     """`before_done()` runs once the run is finished, before DONE.json is
-    written (the launcher stops the roles once it exists)."""
+    written (the launcher stops the roles once it exists).
+    `collect_in_background`: `tick` deletes in a thread (`serve`'s), so a
+    long deletion (K rounds at once after a commit round, with
+    `inner_state_every` = K) delays no lease; else before it returns."""
     self.run, self.spec, self.log = run, spec, log
     self.before_done = before_done
     self.clock = clock or time.monotonic
@@ -56,9 +61,6 @@ class Coordinator:
     self.num_rounds = spec.num_rounds
     delay = spec.config["diloco"].get("delay")
     self.delayed = delay in ("one_round", "overlap", "eager")
-    # Rounds of contributions kept beyond their version's: an eager replay
-    # from commit round c mixes round c - 1's (islands/eager.py).
-    self.contrib_lag = int(delay == "eager" and spec.inner_state_every > 1)
     saved = layout.read_json(layout.control(run, "coordinator.json")) or {}
     # The next round of each group that is not known to be done: from the
     # saved frontier on (the keys of earlier rounds may be collected).
@@ -71,12 +73,14 @@ class Coordinator:
     self.last_group = {}  # worker id -> the group of its last task
     self.tasks_done = dict(saved.get("tasks_done", {}))
     self.requeued = int(saved.get("requeued", 0))
-    # What was deleted already: per worker the first AdamW step kept, and
-    # the oldest module version kept.
-    collected = saved.get("collected", {"inner": {}, "version": 0})
-    self._collected = {"inner": {int(w): n for w, n in
-                                 collected["inner"].items()},
-                       "version": collected["version"]}
+    # Contributions are kept a round beyond their version's for eager's
+    # replays: one from commit round c mixes round c - 1's (eager.py).
+    self.garbage = garbage.Collector(
+        run, spec, self.groups, self._units(slice(None)),
+        int(delay == "eager" and spec.inner_state_every > 1),
+        saved.get("collected"))
+    self._collector = (background.OneAtATime(self.garbage.collect)
+                       if collect_in_background else None)
     self._load_leases()
 
   # --- The store's view ---------------------------------------------------
@@ -202,59 +206,10 @@ class Coordinator:
         out[(task["round"], self.groups.index(tuple(task["group"])))] = worker
     return out
 
-  def _replay_from(self, round_index: int) -> int:
-    """The first round a task of `round_index` may read (modules, inner
-    state): itself, or with `inner_state_every` = K > 1, the last commit
-    round a replay starts from (`islands/replay.py`); a finished group
-    needs nothing before its end."""
-    if round_index >= self.num_rounds:
-      return self.num_rounds
-    return self.spec.last_commit_round(round_index)
-
-  def _rebuild_from(self, round_index: int) -> int:
-    """The first round kept for a rebuild (`islands/repair.py`): the one
-    before `round_index`, whose task or outer step made what round
-    `round_index` reads; once the run is done, only its last outer step
-    can be needed again."""
-    if round_index >= self.num_rounds:
-      return self.num_rounds - 1
-    return self._replay_from(max(round_index - 1, 0))
-
   def collect_garbage(self) -> None:
-    """Deletes what no task, outer step or rebuild can read again, so a
-    long run keeps about two rounds on the store (K + 1 rounds with
-    `inner_state_every` = K, for replays; eager's contributions one round
-    more): a group's AdamW states before the state its last round started
-    or replayed from, and module versions (with their optimizer states and
-    contributions) before the one the newest was made from. A finished run
-    keeps its last two versions."""
-    h = self.spec.inner_steps
-    for g, workers in enumerate(self.groups):
-      keep = (self._rebuild_from(self.frontier[g]) if self.frontier[g] <
-              self.num_rounds else self.num_rounds) * h
-      for w in workers:
-        first = self._collected["inner"].get(w, 0)
-        for step in range(first, keep, h):
-          atomic.remove(layout.inner_dir(self.run, w, step))
-        self._collected["inner"][w] = max(first, keep)
-    oldest_round = self._rebuild_from(min(self.frontier))
-    modules = self._units(slice(None))  # Stages' keys included.
-    # Version v is read by round v's tasks (and replays) and by round v's
-    # outer step (which writes v + 1): done once every group passed round
-    # v and every module has v + 1.
-    while self._collected["version"] < oldest_round and all(
-        layout.committed(layout.module_dir(
-            self.run, name, e, self._collected["version"] + 1))
-        for name, e in modules):
-      v = self._collected["version"]
-      for name, e in modules:
-        atomic.remove(layout.module_dir(self.run, name, e, v))
-        atomic.remove(layout.outer_state_dir(self.run, name, e, v))
-        atomic.remove(layout.download_dir(self.run, name, e, v))
-        atomic.remove(layout.published_dir(self.run, name, e, v))
-      if v >= self.contrib_lag:
-        atomic.remove(layout.contrib_round_dir(self.run, v - self.contrib_lag))
-      self._collected["version"] = v + 1
+    """Deletes what no task, outer step or rebuild can read again, up to
+    the frontier (`islands/garbage.py`)."""
+    self.garbage.collect(self.frontier)
 
   def tick(self) -> bool:
     """One scheduling pass; True once the run is done."""
@@ -273,6 +228,8 @@ class Coordinator:
     if all(r == self.num_rounds for r in self.frontier) and self.run_done():
       if self.spec.collect_garbage:
         self._save_state(live)
+        if self._collector is not None:
+          self._collector.join()
         self.collect_garbage()
       self._finish(live)
       return True
@@ -295,7 +252,10 @@ class Coordinator:
       # After the leases (deleting a round's keys takes time no worker
       # should wait for) and after the state that says what is done is
       # saved (a restarted coordinator must not look for what was deleted).
-      self.collect_garbage()
+      if self._collector is not None:
+        self._collector.start(list(self.frontier))
+      else:
+        self.collect_garbage()
     return False
 
   def _requeue_damaged(self, live) -> None:
@@ -305,6 +265,8 @@ class Coordinator:
     for path, key in repair.requests(self.run):
       if key.kind not in ("contrib", "inner"):
         continue  # A module version: its executor's.
+      if self._collector is not None:
+        self._collector.join()  # What it deletes decides what is missing.
       r = (key.round_index if key.kind == "contrib"
            else key.step // self.spec.inner_steps - 1)
       g = next(i for i, ws in enumerate(self.groups) if key.worker in ws)
@@ -345,7 +307,7 @@ class Coordinator:
     atomic.write_json(layout.control(self.run, "coordinator.json"), {
         "tasks_done": self.tasks_done, "requeued": self.requeued,
         "live": live, "frontier": self.frontier,
-        "collected": self._collected, "time": time.time()},
+        "collected": self.garbage.record, "time": time.time()},
                       indent=None)
 
   def _finish(self, live) -> None:
@@ -366,7 +328,8 @@ def serve(run, poll_s: float = 0.05, timeout_s: float = 24 * 3600.0) -> None:
   spec.use_store()
   log = lambda msg: print(f"[coordinator] {msg}", flush=True)
   loop = timeline.LoopOps(run, "coordinator")
-  coordinator = Coordinator(run, spec, log, before_done=loop.save)
+  coordinator = Coordinator(run, spec, log, before_done=loop.save,
+                            collect_in_background=True)
   deadline = time.monotonic() + timeout_s
   while True:
     loop.start()
