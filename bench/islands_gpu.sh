@@ -5,6 +5,7 @@
 #   bash bench/islands_gpu.sh diloco2 OUT    # two GPUs: DiLoCo x2 islands
 #   bash bench/islands_gpu.sh diloco4 OUT    # four GPUs: DiLoCo x4 islands
 #   bash bench/islands_gpu.sh dipaco4 OUT    # four GPUs: DiPaCo 2x2 islands
+#   bash bench/islands_gpu.sh dipaco2 OUT    # two GPUs: 2 workers of 2 paths
 #   bash bench/islands_gpu.sh dipaco1 OUT    # one GPU: the runtime's cost
 #
 # paths256: experiments/dipaco_2x2.py at 16x16 with a small model (4 layers
@@ -22,6 +23,7 @@
 # dipaco4: experiments/dipaco_2x2.py, 4 workers holding one path each,
 #   against the SPMD run of the same config on one GPU (its 4 paths
 #   vmapped, and its dense baseline: one path's model alone).
+# dipaco2: the same with 2 workers holding 2 paths each, on 2 GPUs.
 # dipaco1: the same config, one worker holding all 4 paths on the GPU the
 #   SPMD run used: the same inner program, so the ratio is what the island
 #   runtime costs per round (reads, writes, the outer step through the
@@ -64,7 +66,7 @@
 # (bench/carried_wheels.sh).
 set -uo pipefail
 source "$(dirname "$0")/carried_wheels.sh"
-part=${1:?paths256|diloco2|diloco4|dipaco4|dipaco1}; out=${2:?OUT}
+part=${1:?paths256|diloco2|diloco4|dipaco4|dipaco2|dipaco1}; out=${2:?OUT}
 mkdir -p "$out"; log="$out/$part.log"
 # A run cut short (`timeout`, ^C) takes its training processes with it:
 # once (4 x H100, 2026-11-27) an island run outlived its script and held
@@ -98,7 +100,7 @@ case $part in
     python3 bench/store_throughput.py --dir=/tmp/store_bench --mib=2048 \
       > "$out/store_throughput.json" 2>> "$log"
     cat "$out/store_throughput.json" >> "$log" ;;
-  diloco2|diloco4|dipaco4|dipaco1)
+  diloco2|diloco4|dipaco4|dipaco2|dipaco1)
     # N worker processes, one GPU each (N = the part's last digit).
     n=${part: -1}; a=/tmp/${part}_spmd1; b=/tmp/${part}_islands
     gpus=${GPUS:-$(seq -s, 0 $((n - 1)))}
