@@ -19,7 +19,9 @@ from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import garbage
 from dipaco_jax.islands import launcher
 from dipaco_jax.islands import layout
+from dipaco_jax.islands import repair
 from dipaco_jax.islands import task_runner as runner_lib
+from dipaco_jax.store import integrity
 import test_islands
 
 H = 2  # Inner steps per round (test_islands._experiment's default).
@@ -179,45 +181,92 @@ def test_a_replay_after_garbage_collection(every_round, tmp_path):
   assert _inner_steps_on_store(run) == {}
 
 
+class _HeldDeletions:
+  """A store after 3 rounds at K = 2 and `serve`'s coordinator, whose
+  deletions (`islands/garbage.py`) wait in their first `atomic.remove`
+  until `release` is set (always set on leaving, so no thread waits on)."""
+
+  def __init__(self, every_round, tmp_path, monkeypatch):
+    exp, _, _ = every_round
+    self.run = tmp_path / "islands"
+    spec = _setup(exp, self.run, 2)
+    runners = [_runner(self.run, spec, f"w{g}") for g in range(2)]
+    _rounds(exp, self.run, spec, lambda r, g: runners[g], range(3))
+    self.entered, self.release = threading.Event(), threading.Event()
+    remove = garbage.atomic.remove
+
+    def held_remove(directory):
+      self.entered.set()
+      assert self.release.wait(timeout=60), "never released"
+      remove(directory)
+
+    monkeypatch.setattr(garbage.atomic, "remove", held_remove)
+    self.lines, self.calls = [], []
+    self.coord = coordinator_lib.Coordinator(
+        self.run, spec, log=self.lines.append, collect_in_background=True)
+    collect = self.coord.garbage.collect
+    monkeypatch.setattr(self.coord.garbage, "collect",
+                        lambda f: (self.calls.append(list(f)), collect(f)))
+    self.coord._collector = background.OneAtATime(  # pylint: disable=protected-access
+        self.coord.garbage.collect)
+    self.slot = exp.topology.slots[0].name
+
+  def saved_version(self) -> int:
+    return layout.read_json(layout.control(
+        self.run, "coordinator.json"))["collected"]["version"]
+
+  def versions(self) -> set:
+    return {p.name for p in self.run.glob("modules/*/*/v*")}
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.release.set()
+    self.coord._collector.join()  # pylint: disable=protected-access
+
+
 def test_the_coordinator_role_deletes_without_holding_up_a_lease(
     every_round, tmp_path, monkeypatch):
   # `serve`'s coordinator deletes in a thread: after a commit round at
   # K = 10 that is ten rounds of keys at once (2 s of idle worker on one
   # H200 when `tick` waited). A deletion held up here leaves `tick` free;
   # the record it saves lags the deletions, never leads them.
-  exp, _, _ = every_round
-  run = tmp_path / "islands"
-  spec = _setup(exp, run, 2)
-  runners = [_runner(run, spec, f"w{g}") for g in range(2)]
-  _rounds(exp, run, spec, lambda r, g: runners[g], range(3))
-  entered, release, calls = threading.Event(), threading.Event(), []
-  remove = garbage.atomic.remove
+  with _HeldDeletions(every_round, tmp_path, monkeypatch) as held:
+    assert not held.coord.tick()
+    assert held.entered.wait(timeout=60)
+    assert not held.coord.tick()  # The first deletion still going: no second.
+    assert held.calls == [[3, 3]] and held.saved_version() == 0
+    assert len(held.versions()) == 4
+    held.release.set()
+    held.coord._collector.join()  # pylint: disable=protected-access
+    assert not held.coord.tick()
+    assert held.saved_version() == 2
+    assert held.versions() == {"v000002", "v000003"}
 
-  def held_remove(directory):
-    entered.set()
-    assert release.wait(timeout=60), "never released"
-    remove(directory)
 
-  monkeypatch.setattr(garbage.atomic, "remove", held_remove)
-  coord = coordinator_lib.Coordinator(run, spec, log=lambda _: None,
-                                      collect_in_background=True)
-  collect = coord.garbage.collect
-  monkeypatch.setattr(coord.garbage, "collect",
-                      lambda f: (calls.append(list(f)), collect(f)))
-  coord._collector = background.OneAtATime(coord.garbage.collect)  # pylint: disable=protected-access
-  saved = lambda: layout.read_json(layout.control(
-      run, "coordinator.json"))["collected"]["version"]
-  assert not coord.tick()
-  assert entered.wait(timeout=60)
-  assert not coord.tick()  # The first deletion still going: no second.
-  assert calls == [[3, 3]] and saved() == 0
-  assert len({p.name for p in run.glob("modules/*/*/v*")}) == 4
-  release.set()
-  coord._collector.join()  # pylint: disable=protected-access
-  assert not coord.tick()
-  assert saved() == 2
-  assert {p.name for p in run.glob("modules/*/*/v*")} == {"v000002",
-                                                          "v000003"}
+def test_a_repair_is_judged_once_the_deletions_are_through(
+    every_round, tmp_path, monkeypatch):
+  # Round 0's contribution is damaged while version 0 is being deleted:
+  # the tick waits for the deletion, so it finds round 0's inputs gone and
+  # stops the run in one line. Judged before, it would re-queue round 0 on
+  # a version the thread then deletes.
+  with _HeldDeletions(every_round, tmp_path, monkeypatch) as held:
+    assert not held.coord.tick()
+    assert held.entered.wait(timeout=60)
+    key = layout.contrib_dir(held.run, 0, 0, held.slot)
+    repair.report(held.run, integrity.DamagedKeyError(key, "a test"),
+                  "test", held.lines.append)
+    releaser = threading.Timer(0.5, held.release.set)
+    releaser.start()
+    held.coord.tick()
+    releaser.join()
+    assert "v000000" not in held.versions()
+    failed = layout.read_json(layout.control(held.run, "failed",
+                                             "repair-coordinator.json"))
+    assert failed and "cannot be rebuilt" in failed["error"], failed
+    assert not any(l.startswith("rebuilding") for l in held.lines), (
+        held.lines)
 
 
 def test_a_failed_background_run_fails_the_next_start():
