@@ -21,6 +21,7 @@ from dipaco_jax.islands import launcher
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import repair
 from dipaco_jax.islands import task_runner as runner_lib
+from dipaco_jax.store import atomic
 from dipaco_jax.store import integrity
 import test_islands
 
@@ -172,12 +173,18 @@ def test_a_replay_after_garbage_collection(every_round, tmp_path):
   _rounds(exp, run, spec, lambda r, g: fresh[g], [3])
   assert [x.replayed_rounds for x in fresh] == [1, 1]
   _assert_same_bits(want, _final(exp, run, spec))
+  # The coordinator was killed after deleting versions 0 and 1 but before
+  # saving that: its restart finds a record two versions behind.
+  saved = layout.read_json(layout.control(run, "coordinator.json"))
+  saved["collected"]["version"] = 0
+  atomic.write_json(layout.control(run, "coordinator.json"), saved)
   coord = coordinator_lib.Coordinator(run, spec, log=lambda _: None)
   assert coord.frontier == [4, 4] and coord.run_done()
   coord.collect_garbage()
   # A finished store holds the final modules and the version before.
   assert {p.name for p in run.glob("modules/*/*/v*")} == {"v000003",
                                                           "v000004"}
+  assert coord.garbage.record["version"] == 3
   assert _inner_steps_on_store(run) == {}
 
 

@@ -66,6 +66,15 @@ class Collector:
         self.record = {**self.record, "inner": {**self.record["inner"],
                                                 w: max(first, keep)}}
     oldest_round = self.rebuild_from(min(frontier))
+    # A record saved before a restart can lag the deletions it describes.
+    # A version none of whose modules is committed was deleted (each only
+    # once the next was committed; version 0 exists from the start), and
+    # the check below would wait on its successor for ever: step over it.
+    while self.record["version"] < oldest_round and not any(
+        layout.committed(layout.module_dir(
+            self.run, name, e, self.record["version"]))
+        for name, e in self.modules):
+      self.record = {**self.record, "version": self.record["version"] + 1}
     # Version v is read by round v's tasks (and replays) and by round v's
     # outer step (which writes v + 1): done once every group passed round
     # v and every module has v + 1.
