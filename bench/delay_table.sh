@@ -88,6 +88,21 @@
 # fit the device minutes left): +0.94%, repetition, by overfitting
 # (bench/results/communication_1xh200_2026-12-04/
 # eager_42m_m2_h30_quarter_text.md).
+# The tuned outer step at 126M (fixed 2026-12-04 before the call): the
+# 126M H = 15 pair ran both arms at 0.35 / 0.9 (no delay 5.208, eager
+# 5.466), and no delay at 0.7 / 0.8 gained 2.18% at 42M, eager nothing.
+# Does that hold at 126M, where 0.7 / 0.9 failed (7.045)? With the 126M
+# MODEL (--config.model.num_layers=12 --config.model.d_model=768
+# --config.model.num_heads=12 --config.model.mlp_dim=3072
+# --config.ckpt.every=2250 --config.ckpt.keep=1), MAX_CHARS=400000000
+# STEPS=2250 H=15 LANES=2 NAMES="m2_none_m08 m2_eager_lr035_m08".
+# Eager at 0.35 / 0.8 scored 5.116, no delay at 0.7 / 0.8 5.174; so no
+# delay at eager's own setting and between the two (fixed after that call,
+# before this one): NAMES="m2_none_lr035_m08 m2_none_lr05_m08".
+# Both scored 5.013 (a fresh machine, its own base); eager's other
+# settings near its best (fixed after that call, before this one; the
+# toy's eager best was 0.5 / 0.8): NAMES="m2_eager_lr05_m08
+# m2_eager_lr035_m07".
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
@@ -118,6 +133,9 @@ for m in 2 8; do
   ARMS[m${m}_eager_lr02]="$r $d.delay=eager $d.outer_lr=0.2"
   ARMS[m${m}_eager_lr025]="$r $d.delay=eager $d.outer_lr=0.25"
   ARMS[m${m}_none_m08]="$r $d.outer_momentum=0.8"
+  ARMS[m${m}_none_lr035_m08]="$r $d.outer_lr=0.35 $d.outer_momentum=0.8"
+  ARMS[m${m}_none_lr05_m08]="$r $d.outer_lr=0.5 $d.outer_momentum=0.8"
+  ARMS[m${m}_eager_lr035_m07]="$r $d.delay=eager $d.outer_lr=0.35 $d.outer_momentum=0.7"
   ARMS[m${m}_eager_lr035_m08]="$r $d.delay=eager $d.outer_lr=0.35 $d.outer_momentum=0.8"
   ARMS[m${m}_eager_lr05_m08]="$r $d.delay=eager $d.outer_lr=0.5 $d.outer_momentum=0.8"
 done

@@ -91,6 +91,22 @@
 # recipe take the outer step that beats averaging by 28% here:
 #   NAMES="topk_senders_nesterov_m06 topk_senders_nesterov_lr1_m05
 #   topk_senders_nesterov_lr035_m08" bash bench/sparse_aggregate_toy.sh OUT
+# The shared low rank's outer step (2026-12-04, fixed before the run): it
+# was only ever run under outer averaging (SGD lr 1), where its training
+# loss trails from the first rounds (underfitting, as top-k's `mean` did
+# before `senders`). Whether a larger outer lr or DiLoCo's Nesterov lets
+# it take a longer step: rank 3 (about 100x fewer bytes on this model),
+# int4 factors, error feedback, at SGD lr 1, 2 and 4, and Nesterov 0.7 at
+# momentum 0.9 and 0.6:
+#   NAMES="lowrank_shared3 lowrank_shared3_lr2 lowrank_shared3_lr4
+#   lowrank_shared3_nesterov lowrank_shared3_nesterov_m06" bash bench/sparse_aggregate_toy.sh OUT
+# then, after every longer step did worse (lr 2: 78.88, lr 4: 103.56,
+# Nesterov 0.9: 213.47, against 68.47 at lr 1), a shorter one and a
+# fresher residual: SGD lr 0.5, the feedback decayed by 0.9, no feedback:
+#   NAMES="lowrank_shared3_lr05 lowrank_shared3_decay09 lowrank_shared3_noef" bash bench/sparse_aggregate_toy.sh OUT
+# then, after the decay of 0.9 helped (65.83; lr 0.5: 70.28, none: 80.57),
+# faster decays:
+#   NAMES="lowrank_shared3_decay08 lowrank_shared3_decay07" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -130,8 +146,19 @@ down8x="${down[*]} --config.diloco.download_topk_fraction=0.125"
 overlap1="--config.diloco.delay=overlap --config.diloco.overlap_steps=1"
 nesterov="--config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.7 --config.diloco.outer_momentum=0.9"
 lr14="--config.diloco.outer_lr=1.4"
+lowrank3="--config.diloco.compression=lowrank_shared --config.diloco.compression_rank_max=3 --config.diloco.compression_factor_bits=4 --config.diloco.error_feedback=True"
 # An arm's later flag wins over an earlier one (and over `common`'s).
 declare -A ARMS=(
+  [lowrank_shared3]="$lowrank3"
+  [lowrank_shared3_lr2]="$lowrank3 --config.diloco.outer_lr=2.0"
+  [lowrank_shared3_lr4]="$lowrank3 --config.diloco.outer_lr=4.0"
+  [lowrank_shared3_lr05]="$lowrank3 --config.diloco.outer_lr=0.5"
+  [lowrank_shared3_decay09]="$lowrank3 --config.diloco.error_feedback_decay=0.9"
+  [lowrank_shared3_decay08]="$lowrank3 --config.diloco.error_feedback_decay=0.8"
+  [lowrank_shared3_decay07]="$lowrank3 --config.diloco.error_feedback_decay=0.7"
+  [lowrank_shared3_noef]="$lowrank3 --config.diloco.error_feedback=False"
+  [lowrank_shared3_nesterov]="$lowrank3 $nesterov"
+  [lowrank_shared3_nesterov_m06]="$lowrank3 $nesterov --config.diloco.outer_momentum=0.6"
   [topk_mean]="${topk[*]} --config.diloco.sparse_aggregate=mean"
   [topk_senders]="${senders[*]}"
   [down_topk]="${senders[*]} ${down[*]}"

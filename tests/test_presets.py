@@ -105,11 +105,18 @@ def test_late_delays_are_warned_by_the_round_length_they_were_measured_at():
   # Between the two round lengths measured, nothing is said.
   assert presets.warnings(_config(delay="one_round")) == []
   assert presets.warnings(_config(delay="one_round", outer_lr=1.0)) == []
-  # eager: at 2 replicas, lr 0.35 at short rounds; at 8, not at all.
-  two = presets.warnings(_diloco_x(2, 15, delay="eager"))
-  assert len(two) == 1 and "outer_lr=0.35" in two[0]
-  assert presets.warnings(_diloco_x(2, 15, delay="eager",
-                                    outer_lr=0.35)) == []
+  # eager: at 2 replicas, lr 0.35 and momentum 0.8 at short rounds; at 8,
+  # not at all.
+  lr_line, momentum_line = presets.warnings(_diloco_x(2, 15, delay="eager"))
+  assert "outer lr 0.7" in lr_line and "outer_lr=0.35" in lr_line
+  assert "momentum 0.9" in momentum_line and (
+      "outer_momentum=0.8" in momentum_line)
+  (momentum_only,) = presets.warnings(_diloco_x(2, 15, delay="eager",
+                                                outer_lr=0.35))
+  assert momentum_only == momentum_line
+  for momentum in (0.8, 0.7):
+    assert presets.warnings(_diloco_x(2, 15, delay="eager", outer_lr=0.35,
+                                      outer_momentum=momentum)) == []
   # At H = 30 lr 0.35 to 0.45 measured alike, 0.55 worse; above 30, nothing.
   (thirty,) = presets.warnings(_diloco_x(2, 30, delay="eager",
                                          outer_lr=0.55))
