@@ -95,7 +95,8 @@
 # was only ever run under outer averaging (SGD lr 1), where its training
 # loss trails from the first rounds (underfitting, as top-k's `mean` did
 # before `senders`). Whether a larger outer lr or DiLoCo's Nesterov lets
-# it take a longer step: rank 3 (about 100x fewer bytes on this model),
+# it take a longer step: rank 3 (planned as about 100x fewer bytes up on
+# this model; the runs measured 175.3x),
 # int4 factors, error feedback, at SGD lr 1, 2 and 4, and Nesterov 0.7 at
 # momentum 0.9 and 0.6:
 #   NAMES="lowrank_shared3 lowrank_shared3_lr2 lowrank_shared3_lr4

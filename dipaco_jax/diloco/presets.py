@@ -60,8 +60,8 @@ EAGER_LR_BY_ROUNDS = (
      "replicas; 0.35 to 0.45 about the same)"),
 )
 # eager's outer momentum at short rounds: at H = 15 (126M, 2 replicas, lr
-# 0.35) 0.8 was 6.4% better than 0.9 and 1.0% better than 0.7; at H = 30
-# (42M) 0.8 and 0.9 scored alike, so nothing is said there.
+# 0.35) 0.9 cost +6.84% and 0.7 +0.98% against 0.8; at H = 30 (42M) 0.8
+# and 0.9 scored alike, so nothing is said there.
 EAGER_MOMENTUM_SHORT = 0.8
 
 # Field -> value, or a function of config.diloco for values that follow H.
