@@ -103,6 +103,17 @@
 # settings near its best (fixed after that call, before this one; the
 # toy's eager best was 0.5 / 0.8): NAMES="m2_eager_lr05_m08
 # m2_eager_lr035_m07".
+# Then (fixed 2026-12-04 before the run, from that table's gap by round:
+# eager's training-loss gap fell from +0.087 at round 30 to +0.024 at
+# round 150): the same pair at its best setting over twice the rounds,
+# 300 rounds of H = 15 (1.27 passes over the text, as the device's
+# site-packages holds no more): STEPS=4500 H=15 LANES=2 NAMES=
+# "m2_none_lr035_m08 m2_eager_lr035_m08" with the 126M MODEL but
+# --config.ckpt.every=1500, over two calls on one machine.
+# Eager scored +1.04% in loss there (+1.27% at 150 rounds). Then (fixed
+# after that, before the run): the same 300 rounds at 42M, the size trend
+# at one setting: the 42M MODEL plus --config.ckpt.every=1500
+# --config.ckpt.keep=1, STEPS=4500 H=15 LANES=2 and the same NAMES.
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
