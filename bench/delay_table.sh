@@ -114,6 +114,11 @@
 # after that, before the run): the same 300 rounds at 42M, the size trend
 # at one setting: the 42M MODEL plus --config.ckpt.every=1500
 # --config.ckpt.keep=1, STEPS=4500 H=15 LANES=2 and the same NAMES.
+# Eager came to +0.82% in loss at 42M. Then (fixed after that, before the
+# run, in the session's last device minutes): no delay at 42M's own best
+# outer step at H = 30, 0.7 / 0.8, over the same 300 rounds: the same
+# MODEL and flags, LANES=1 NAMES=m2_none_m08 (its base rebuilt from the
+# same seed on a fresh machine).
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
