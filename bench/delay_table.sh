@@ -118,7 +118,7 @@
 # run, in the session's last device minutes): no delay at 42M's own best
 # outer step at H = 30, 0.7 / 0.8, over the same 300 rounds: the same
 # MODEL and flags, LANES=1 NAMES=m2_none_m08 (its base rebuilt from the
-# same seed on a fresh machine).
+# same seed on a fresh machine). Not run: no machine could be started.
 #
 # Usage: [STEPS=2250] [H=15] [LANES=4] [MAX_CHARS=150000000] [MODEL="flags"]
 #        [NAMES="m2_none ..."] bash bench/delay_table.sh OUT_DIR [WORK_DIR]
