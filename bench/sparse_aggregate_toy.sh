@@ -108,6 +108,15 @@
 # then, after the decay of 0.9 helped (65.83; lr 0.5: 70.28, none: 80.57),
 # faster decays:
 #   NAMES="lowrank_shared3_decay08 lowrank_shared3_decay07" bash bench/sparse_aggregate_toy.sh OUT
+# Then (2026-12-04, fixed before the run): the shared basis sends rank 3
+# of the module's mean however many users it has, where top-k over its
+# senders sends up to 8 workers' supports (+0.06% on this toy at 136x).
+# The per-worker low rank (`lowrank`, each worker its own rank-3 basis,
+# so the mean may span up to rank 24) had only run under Nesterov on
+# GPUs; under averaging at the shared arm's rank, int4 factors and
+# feedback, at SGD lr 1 and, as its mean divides each worker's own
+# directions by 8 as top-k's `mean` did, at lr 2:
+#   NAMES="lowrank3_worker lowrank3_worker_lr2" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -148,9 +157,12 @@ overlap1="--config.diloco.delay=overlap --config.diloco.overlap_steps=1"
 nesterov="--config.diloco.outer_optimizer=nesterov --config.diloco.outer_lr=0.7 --config.diloco.outer_momentum=0.9"
 lr14="--config.diloco.outer_lr=1.4"
 lowrank3="--config.diloco.compression=lowrank_shared --config.diloco.compression_rank_max=3 --config.diloco.compression_factor_bits=4 --config.diloco.error_feedback=True"
+lowrank3_worker="--config.diloco.compression=lowrank --config.diloco.compression_rank_max=3 --config.diloco.compression_energy=1.0 --config.diloco.compression_factor_bits=4 --config.diloco.error_feedback=True"
 # An arm's later flag wins over an earlier one (and over `common`'s).
 declare -A ARMS=(
   [lowrank_shared3]="$lowrank3"
+  [lowrank3_worker]="$lowrank3_worker"
+  [lowrank3_worker_lr2]="$lowrank3_worker --config.diloco.outer_lr=2.0"
   [lowrank_shared3_lr2]="$lowrank3 --config.diloco.outer_lr=2.0"
   [lowrank_shared3_lr4]="$lowrank3 --config.diloco.outer_lr=4.0"
   [lowrank_shared3_lr05]="$lowrank3 --config.diloco.outer_lr=0.5"
