@@ -121,6 +121,10 @@
 # 68.47 at lr 1; lr 2: 66.36), its feedback decayed by 0.9 (the shared
 # arm's best) and by 0.95 (SparseLoCo's):
 #   NAMES="lowrank3_worker_decay09 lowrank3_worker_decay095" bash bench/sparse_aggregate_toy.sh OUT
+# then, after both decays did worse (65.74, 62.93 against 61.96 undecayed),
+# whether the per-worker basis keeps its lead with twice the bytes: both
+# bases at rank 6 (about 87x), undecayed feedback, averaging:
+#   NAMES="lowrank6_worker lowrank_shared6" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -169,6 +173,8 @@ declare -A ARMS=(
   [lowrank3_worker_lr2]="$lowrank3_worker --config.diloco.outer_lr=2.0"
   [lowrank3_worker_decay09]="$lowrank3_worker --config.diloco.error_feedback_decay=0.9"
   [lowrank3_worker_decay095]="$lowrank3_worker --config.diloco.error_feedback_decay=0.95"
+  [lowrank6_worker]="$lowrank3_worker --config.diloco.compression_rank_max=6"
+  [lowrank_shared6]="$lowrank3 --config.diloco.compression_rank_max=6"
   [lowrank_shared3_lr2]="$lowrank3 --config.diloco.outer_lr=2.0"
   [lowrank_shared3_lr4]="$lowrank3 --config.diloco.outer_lr=4.0"
   [lowrank_shared3_lr05]="$lowrank3 --config.diloco.outer_lr=0.5"
