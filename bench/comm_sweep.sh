@@ -230,8 +230,10 @@
 # Planned (2026-12-04, after the per-worker low rank under averaging cost
 # +24.2% on the CPU toy against the shared basis's +37.2% at the same
 # bytes, bench/results/communication_cpu_2026-12-04/
-# lowrank_per_worker_toy.md; not run yet): the same command and machine
-# use with NAMES=lowrank88_int4_ef_avg, against the shared arm's +25.41%.
+# lowrank_per_worker_toy.md; at rank 6 the lead shrank to 2.8 points, so
+# expect less at rank 88 of 768; not run yet): the same command and
+# machine use with NAMES=lowrank88_int4_ef_avg, against the shared arm's
+# +25.41%.
 #   lowrank88_int4_ef_avg  the per-worker low rank (compression=lowrank)
 #                         at a fixed rank 88, int4 factors, undecayed
 #                         error feedback, outer averaging
