@@ -60,7 +60,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 
-from dipaco_jax import testing  # pylint: disable=g-import-not-at-top
+from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
+from dipaco_jax import testing
 from dipaco_jax.data import batches as batches_lib
 from dipaco_jax.data import prepare
 from dipaco_jax.diloco import compress
@@ -175,6 +176,9 @@ class Tracker:
 
   def __init__(self, spec: compress.CompressionSpec):
     self.spec, self.codec = spec, compress.make_codec(spec)
+    # `layer_axis=True` (the low rank per layer) holds for the slots of
+    # stacked layers, as comm.py sets it; the embedding's leaves are whole.
+    self.embed_spec = dataclasses.replace(spec, layer_axis=False)
     self.residuals = self.states = None
     self.sq = {"err_w": 0.0, "c_w": 0.0, "err_mean": 0.0, "c_mean": 0.0}
     self.sum_err = self.sum_c = None  # sum over rounds, [W, ...] leaves
@@ -187,9 +191,7 @@ class Tracker:
     if self.spec.name == "lowrank_shared":
       sent, bytes_W = self._add_shared(contribs, assignment_WxS)
     else:
-      sent, self.residuals, self.states, bytes_W = (
-          compress_apply.compress_tree(self.codec, contribs, self.residuals,
-                                       self.states))
+      sent, bytes_W = self._add_per_worker(contribs)
     err = jax.tree.map(lambda s, c: s - c, sent, contribs)
     sq = lambda tree: float(sum(jnp.sum(x * x) for x in jax.tree.leaves(
         tree)))
@@ -205,6 +207,24 @@ class Tracker:
     self.float_bytes += 4.0 * sum(x.size for x in jax.tree.leaves(contribs))
     self.rounds += 1
 
+  def _spec_of(self, slot: str) -> compress.CompressionSpec:
+    return self.embed_spec if slot == paths_lib.EMBED_SLOT else self.spec
+
+  def _add_per_worker(self, contribs: dict):
+    """Each slot through its codec (`_spec_of`), residuals and states kept
+    per slot."""
+    if self.states is None:
+      self.residuals = {name: None for name in contribs}
+      self.states = {name: None for name in contribs}
+    sent, bytes_W = {}, 0.0
+    for name, tree in contribs.items():
+      codec = compress.make_codec(self._spec_of(name))
+      sent[name], self.residuals[name], self.states[name], b = (
+          compress_apply.compress_tree(codec, tree, self.residuals[name],
+                                       self.states[name]))
+      bytes_W = bytes_W + b
+    return sent, bytes_W
+
   def _add_shared(self, contribs: dict, assignment_WxS):
     """PowerSGD's two exchanges per slot (diloco/compress_shared.py), each
     module's users weighted alike (the runs weigh them by shard size)."""
@@ -213,7 +233,8 @@ class Tracker:
       assignment_WxS = np.zeros((num_workers, len(contribs)), np.int32)
     if self.states is None:
       self.residuals = {name: None for name in contribs}
-      self.states = {name: compress_apply.init_states(self.codec, tree)
+      self.states = {name: compress_apply.init_states(
+          compress.make_codec(self._spec_of(name)), tree)
                      for name, tree in contribs.items()}
     assignment_WxS = np.asarray(assignment_WxS, np.int32)
     mixing = outer_lib.mixing_matrices(
@@ -224,7 +245,7 @@ class Tracker:
       # What a worker sends; the means it reads inside the round aside.
       sent[name], self.residuals[name], self.states[name], b, _ = (
           compress_shared.compress_tree(
-              self.spec, contribs[name], self.residuals[name],
+              self._spec_of(name), contribs[name], self.residuals[name],
               self.states[name], mixing[s], assignment_WxS[:, s]))
       bytes_W = bytes_W + b
     return sent, bytes_W

@@ -125,6 +125,13 @@
 # whether the per-worker basis keeps its lead with twice the bytes: both
 # bases at rank 6 (about 87x), undecayed feedback, averaging:
 #   NAMES="lowrank6_worker lowrank_shared6" bash bench/sparse_aggregate_toy.sh OUT
+# Each layer's weight its own matrix (2026-12-04, fixed before the run):
+# every arm above took a slot's stacked layers [L, ...] as one matrix, so
+# all its layers shared one basis, where PowerSGD codes each weight alone
+# (`diloco.compression_matrix=per_layer`; a layer's norm scale then goes
+# whole). At about the bytes of rank 3 stacked (174x): rank 2 per layer
+# (170.5x), the shared basis and the per-worker one:
+#   NAMES="lowrank_shared2_layer lowrank2_worker_layer" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -175,6 +182,8 @@ declare -A ARMS=(
   [lowrank3_worker_decay095]="$lowrank3_worker --config.diloco.error_feedback_decay=0.95"
   [lowrank6_worker]="$lowrank3_worker --config.diloco.compression_rank_max=6"
   [lowrank_shared6]="$lowrank3 --config.diloco.compression_rank_max=6"
+  [lowrank_shared2_layer]="$lowrank3 --config.diloco.compression_rank_max=2 --config.diloco.compression_matrix=per_layer"
+  [lowrank2_worker_layer]="$lowrank3_worker --config.diloco.compression_rank_max=2 --config.diloco.compression_matrix=per_layer"
   [lowrank_shared3_lr2]="$lowrank3 --config.diloco.outer_lr=2.0"
   [lowrank_shared3_lr4]="$lowrank3 --config.diloco.outer_lr=4.0"
   [lowrank_shared3_lr05]="$lowrank3 --config.diloco.outer_lr=0.5"

@@ -194,6 +194,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.diloco.compression_rank_max = 32
   c.diloco.compression_energy = 0.9  # lowrank: energy share kept.
   c.diloco.compression_factor_bits = 0  # lowrank: 0 | 8 | 4.
+  # lowrank, lowrank_shared: per_layer = each layer's weight one matrix
+  # (PowerSGD's) | stacked = a slot's stacked layers one matrix, one basis.
+  c.diloco.compression_matrix = "stacked"
   c.diloco.compression_topk_fraction = 0.01  # topk: share of entries sent.
   # topk per chunk (indices inside it; SparseLoCo: 4096, 12-bit); 0 = one
   # top-k over the whole leaf, 32-bit indices.

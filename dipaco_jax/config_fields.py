@@ -185,6 +185,7 @@ _CHOICES = {
     "diloco.download_compression": ("none", "int8", "int4", "e3m0",
                                     "topk", "strided"),
     "diloco.sparse_aggregate": ("mean", "senders"),
+    "diloco.compression_matrix": ("per_layer", "stacked"),
     "diloco.preset": ("", "streaming", "dilocox", "sparseloco"),
 }
 

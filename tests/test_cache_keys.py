@@ -275,3 +275,23 @@ def test_the_sparse_aggregate_is_hashed_only_where_it_changes_numbers():
   per_slot = derive(config, **{"diloco.per_slot": "level=compression:topk"})
   assert run_configs.training_fields(per_slot)["diloco"][
       "sparse_aggregate"] == "senders"
+
+
+def test_the_low_rank_matrix_is_hashed_only_where_it_changes_numbers():
+  config = testing.tiny_config(shape="2x2", inner_steps=4)
+  derive = experiment_lib.derive_config
+  for matrix in ("per_layer", "stacked"):  # No low rank: no change.
+    assert experiment_lib.training_hash(derive(
+        config, **{"diloco.compression_matrix": matrix})) == (
+            experiment_lib.training_hash(config))
+  # Low rank stacked (every low-rank run before the field) keeps the hash
+  # those runs had; per layer is another run, by either way of asking.
+  for low_rank in ({"diloco.compression": "lowrank_shared"},
+                   {"diloco.per_slot": "level=compression:lowrank"}):
+    stacked = derive(config, **low_rank,
+                     **{"diloco.compression_matrix": "stacked"})
+    per_layer = derive(stacked, **{"diloco.compression_matrix": "per_layer"})
+    assert "compression_matrix" not in run_configs.training_fields(
+        stacked)["diloco"]
+    assert run_configs.training_fields(per_layer)["diloco"][
+        "compression_matrix"] == "per_layer"

@@ -119,6 +119,38 @@ def test_shared_low_rank_is_exact_where_a_modules_users_share_a_basis():
   assert as_one.row("one")["err_worker"] > 0.3
 
 
+@pytest.mark.parametrize("name", ["lowrank", "lowrank_shared"])
+def test_per_layer_low_rank_codes_each_layer_of_a_layer_slot(name):
+  """Three stacked layers, layer i of worker w the rank-1 u_i v_iw^T:
+  coded per layer, rank 1 sends every layer exactly; the stack as one
+  [48, 8] matrix has rank 3, and rank 1 cannot. The embedding is one
+  matrix either way (`layer_axis` holds for layer slots only), rank 1
+  there too, so exact."""
+  rng = np.random.default_rng(1)
+  u_LxM = rng.normal(size=(3, 16))
+  a_M = rng.normal(size=32)
+  def contribs():
+    layers = np.stack([np.stack([np.outer(u_LxM[i], rng.normal(size=8))
+                                 for i in range(3)]) for _ in range(3)])
+    embed = np.stack([np.outer(a_M, rng.normal(size=8)) for _ in range(3)])
+    return {"layers_00_02": {"w": layers.astype(np.float32)},
+            "embed_head": {"e": embed.astype(np.float32)}}
+  spec = f"{name}:rank_max=1,energy=1.0,error_feedback=True"
+  per_layer = fidelity.Tracker(fidelity.parse_codec(spec + ",layer_axis=True"))
+  stacked = fidelity.Tracker(fidelity.parse_codec(spec))
+  for _ in range(2):
+    c = contribs()
+    per_layer.add(c)
+    stacked.add(c)
+  assert per_layer.row("per layer")["err_worker"] < 1e-5
+  assert stacked.row("stacked")["err_worker"] > 0.3
+  # (m + n) float32 per matrix at rank 1 (lowrank: + 4 bytes of rank).
+  rank_bytes = 4 if name == "lowrank" else 0
+  sent = 3 * (4 * (16 + 8) + rank_bytes) + 4 * (32 + 8) + rank_bytes
+  assert per_layer.row("per layer")["ratio"] == pytest.approx(
+      4 * (3 * 16 * 8 + 32 * 8) / sent)
+
+
 def test_structure_of_gaussian_and_repeated_contributions():
   """Independent Gaussian workers: kurtosis 3, cosines near 0; a round
   repeated: cosine 1 between rounds; an exact top 1/16 of Gaussian

@@ -146,8 +146,23 @@ def comm_by_slot(config, slots) -> dict[str, SlotComm]:
       # so does leader_topk, whose users all send on one support.
       comm = dataclasses.replace(
           comm, spec=dataclasses.replace(comm.spec, aggregate="mean"))
+    if comm.spec.name in _LOW_RANK and _stacks_layers(config, slot):
+      comm = dataclasses.replace(
+          comm, spec=dataclasses.replace(comm.spec, layer_axis=True))
     out[slot.name] = comm
   return out
+
+
+_LOW_RANK = ("lowrank", "lowrank_shared")
+
+
+def _stacks_layers(config, slot) -> bool:
+  """Whether the low rank codes each layer of `slot`'s leaves alone
+  (`diloco.compression_matrix=per_layer`): a slot of layers whose
+  parameters are stacked on axis 0 (`model.scan_layers`)."""
+  return (getattr(config.diloco, "compression_matrix", "stacked")
+          == "per_layer" and bool(slot.layers)
+          and bool(config.model.scan_layers))
 
 
 def all_plain(comms: dict[str, SlotComm]) -> bool:

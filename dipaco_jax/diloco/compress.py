@@ -281,7 +281,13 @@ class _LowRankCodec(Codec):
   """PowerSGD with an adaptive rank; its functions are in compress_lowrank.py.
   State: the warm start, per leaf of ndim >= 2. With factor_bits, each
   factor column goes through the int8/int4 block codec below (the error
-  feedback then also keeps what the factors' rounding lost)."""
+  feedback then also keeps what the factors' rounding lost).
+
+  With `spec.layer_axis` a leaf [L, ...] stacks L layers' weights, and each
+  layer's weight is one matrix of its own (PowerSGD codes each weight
+  alone), vmapped over L: a payload, a state and a rank per layer, and a
+  layer's vector (a norm's scale) goes whole. Without it the leaf is one
+  matrix, all its layers in one basis."""
   stateful = True
 
   @property
@@ -289,37 +295,89 @@ class _LowRankCodec(Codec):
     bits = self.spec.factor_bits
     return {8: _IntCodec, 4: _Int4Codec}[bits](self.spec) if bits else None
 
+  def _per_layer(self, shape) -> bool:
+    return self.spec.layer_axis and len(shape) >= 2
+
   def init_state(self, x):
-    return lowrank.init_state(x.shape, self.spec.rank_max)
+    if not self._per_layer(x.shape):
+      return lowrank.init_state(x.shape, self.spec.rank_max)
+    layer = lowrank.init_state(x.shape[1:], self.spec.rank_max)
+    return {k: jnp.broadcast_to(v, (x.shape[0],) + v.shape)
+            for k, v in layer.items()}
 
   def encode(self, x, state):
+    if self._per_layer(x.shape):
+      return jax.vmap(self._encode_matrix)(x, state)
+    return self._encode_matrix(x, state)
+
+  def decode(self, payload, shape):
+    if self._per_layer(shape):
+      return jax.vmap(lambda p: self._decode_matrix(p, shape[1:]))(payload)
+    return self._decode_matrix(payload, shape)
+
+  def payload_bytes(self, payload, shape):
+    if self._per_layer(shape):
+      return jax.vmap(lambda p: self._matrix_bytes(p, shape[1:]))(
+          payload).sum()
+    return self._matrix_bytes(payload, shape)
+
+  def trim(self, payload):
+    """Per layer, each layer's payload trimmed, its keys suffixed
+    `_layer{i}` (ranks differ between layers, so the cut factors do not
+    stack); a layer's vectors stay stacked under "x"."""
+    rank = payload.get("rank")
+    if rank is None or np.ndim(rank) == 0:
+      return self._trim_matrix(payload)
+    return {f"{k}{_LAYER}{i}": v
+            for i in range(np.shape(rank)[0])
+            for k, v in self._trim_matrix(
+                {k: np.asarray(v)[i] for k, v in payload.items()}).items()}
+
+  def untrim(self, trimmed, shape):
+    if not (self._per_layer(shape) and f"rank{_LAYER}0" in trimmed):
+      return self._untrim_matrix(trimmed, shape)
+    layers = []
+    for i in range(shape[0]):
+      suffix = f"{_LAYER}{i}"
+      layers.append(self._untrim_matrix(
+          {k[:-len(suffix)]: v for k, v in trimmed.items()
+           if k.endswith(suffix)}, shape[1:]))
+    return {k: np.stack([layer[k] for layer in layers]) for k in layers[0]}
+
+  # One matrix (a whole leaf, or one layer of it).
+
+  def _encode_matrix(self, x, state):
     payload, state = lowrank.encode(x, state, self.spec.rank_min,
                                     self.spec.energy)
     if self._factor_codec:
       payload = lowrank.quantize_factors(payload, self._factor_codec)
     return payload, state
 
-  def decode(self, payload, shape):
+  def _decode_matrix(self, payload, shape):
     if self._factor_codec:
       payload = lowrank.dequantize_factors(payload, self._factor_codec)
     return lowrank.decode(payload, shape)
 
-  def payload_bytes(self, payload, shape):
+  def _matrix_bytes(self, payload, shape):
     if self._factor_codec:
       return lowrank.quantized_payload_bytes(payload, shape,
                                              self._factor_codec)
     return lowrank.payload_bytes(payload, shape)
 
-  def trim(self, payload):
+  def _trim_matrix(self, payload):
     if self._factor_codec:
       return lowrank.trim_quantized(payload, self._factor_codec)
     return lowrank.trim(payload)
 
-  def untrim(self, trimmed, shape):
+  def _untrim_matrix(self, trimmed, shape):
     if self._factor_codec:
       return lowrank.untrim_quantized(trimmed, shape, self.spec.rank_max,
                                       self._factor_codec)
     return lowrank.untrim(trimmed, shape, self.spec.rank_max)
+
+
+# The suffix of a layer's keys in a per-layer low-rank payload on the wire.
+_LAYER = "_layer"
 
 
 class _SharedLowRankCodec(_LowRankCodec):

@@ -32,13 +32,17 @@ With `compression_factor_bits` each factor column goes through the int8 /
 int4 block codec before it is sent (P_w before the mix, Q_w before the
 decode), and the error feedback keeps what their rounding lost.
 
-A leaf of ndim < 2 is sent as float32 (a vector has no low rank).
+A leaf of ndim < 2 is sent as float32 (a vector has no low rank). With
+`spec.layer_axis` (a slot of stacked layers, `diloco.compression_matrix=
+per_layer`) each layer of a leaf [L, ...] is a leaf of its own: a basis,
+a warm start and a residual per layer.
 
 Only the SPMD runtime applies it: the island runtime would need the two
 exchanges as two store hops inside a round, and refuses it
 (`islands/units.check_codecs`).
 """
 
+import dataclasses
 import math
 
 import jax
@@ -103,6 +107,14 @@ def compress_leaf(spec: compress.CompressionSpec, c_W, residual_W, q_W,
   copies of their module's warm start; `a_WxK` the slot's mixing weights,
   `experts_W` each worker's module."""
   c_W = jnp.asarray(c_W, jnp.float32)
+  if spec.layer_axis and c_W.ndim >= 3:
+    # [W, L, ...]: each layer's matrix on a basis of its own, as PowerSGD
+    # codes each weight alone; bytes summed over the layers.
+    one_layer = dataclasses.replace(spec, layer_axis=False)
+    sent, residual, q, bytes_LxW = jax.vmap(
+        lambda c, r, q: compress_leaf(one_layer, c, r, q, a_WxK, experts_W),
+        in_axes=1, out_axes=(1, 1, 1, 0))(c_W, residual_W, q_W)
+    return sent, residual, q, bytes_LxW.sum(0)
   num_workers = c_W.shape[0]
   y_W = (c_W + spec.feedback_decay * residual_W
          if spec.error_feedback and residual_W is not None else c_W)
@@ -158,7 +170,9 @@ def compress_tree(spec: compress.CompressionSpec, contribs: dict, residuals,
     st_out.append({"q": q} if "q" in st else {})
     bytes_W = bytes_W + b
     if q is not None:
-      read += mean_bytes(c_W.shape[1:], q.shape[-1])
+      layers, shape = ((c_W.shape[1], c_W.shape[2:]) if spec.layer_axis
+                       and c_W.ndim >= 3 else (1, c_W.shape[1:]))
+      read += layers * mean_bytes(shape, q.shape[-1])
   return (treedef.unflatten(sent),
           treedef.unflatten(res_out) if spec.error_feedback else residuals,
           treedef.unflatten(st_out), bytes_W,

@@ -26,6 +26,9 @@ class CompressionSpec:
   feedback_decay: float = 1.0   # error feedback: residual scale, (0, 1]
   aggregate: str = "mean"       # mean | senders (outer.mix); config's
                                 # default: senders, top-k only (comm.py)
+  layer_axis: bool = False      # lowrank, lowrank_shared: each leaf's axis
+                                # 0 stacks layers, and each layer's matrix
+                                # is coded alone (comm.py sets it per slot)
 
 
 def spec_from_config(diloco_config) -> CompressionSpec:
@@ -45,6 +48,8 @@ def spec_from_config(diloco_config) -> CompressionSpec:
       stride=int(get("compression_stride", d.stride)),
       feedback_decay=float(get("error_feedback_decay", d.feedback_decay)),
       aggregate=str(get("sparse_aggregate", d.aggregate)))
+# `layer_axis` is not a config field: comm.py sets it per slot, from
+# `diloco.compression_matrix` and whether the slot's leaves stack layers.
 
 
 def check(spec: CompressionSpec) -> None:

@@ -53,6 +53,7 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
   keep["diloco"] = {k: v for k, v in keep["diloco"].items()
                     if k not in _COMM_FIELDS or v != defaults[k]}
   _hash_aggregate_as_applied(keep["diloco"], config.diloco)
+  _hash_matrix_as_applied(keep["diloco"], config.diloco)
   # So do the speed options (loss_chunk, fp8), which change the numbers a little
   # (rounding with chunks, FP8's precision).
   model_defaults = config_base.base_config().model
@@ -92,12 +93,24 @@ def _drop_unused_stage_axis(keep: dict, config) -> None:
       for name, axes in keep["sharding_rules"]]
 
 
+def _hash_matrix_as_applied(keep_diloco: dict, diloco) -> None:
+  """`compression_matrix` enters only with a low-rank slot, and then only
+  as `per_layer`: `stacked` is how every low-rank run before the field
+  ran, so those keep their hash, whatever the default."""
+  keep_diloco.pop("compression_matrix", None)
+  per_slot = diloco.per_slot.replace(" ", "")
+  uses_low_rank = (diloco.compression in ("lowrank", "lowrank_shared")
+                   or "compression:lowrank" in per_slot)
+  if uses_low_rank and diloco.compression_matrix == "per_layer":
+    keep_diloco["compression_matrix"] = "per_layer"
+
+
 _SPEED_FIELDS = ("loss_chunk", "fp8")
 _COMM_FIELDS = ("delay", "compression", "error_feedback",
                 "download_compression", "download_topk_fraction",
                 "compression_block_size", "compression_rank_min",
                 "compression_rank_max", "compression_energy",
-                "compression_factor_bits",
+                "compression_factor_bits", "compression_matrix",
                 "compression_topk_fraction", "compression_topk_chunk",
                 "compression_stride",
                 "sparse_aggregate",
