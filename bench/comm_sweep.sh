@@ -237,6 +237,13 @@
 #   lowrank88_int4_ef_avg  the per-worker low rank (compression=lowrank)
 #                         at a fixed rank 88, int4 factors, undecayed
 #                         error feedback, outer averaging
+# Planned after it, if device time is left (2026-12-04; on the CPU toy the
+# view did not help: bench/results/communication_cpu_2026-12-04/
+# lowrank_per_layer_toy.md; not run yet): the same with NAMES=
+#   lowrank_shared46_layer_int4_ef  lowrank_shared88_int4_ef with each
+#                         layer's weight its own matrix
+#                         (compression_matrix=per_layer), at rank 46 for
+#                         the same bytes (119.3x)
 # Usage: [STEPS=1500] [MAX_CHARS=150000000] [LANES=3] [GPUS=0,1,2,3] \
 #        [NAMES="arm ..."] [MODEL="flags"] [BASELINE=diloco_x8] \
 #        [KEEP_CHECKPOINTS=1] bash bench/comm_sweep.sh OUT_DIR [WORK_DIR]
@@ -313,6 +320,7 @@ declare -A ARMS=(
   [lowrank_shared52_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=52 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [lowrank_shared104_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=104 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [lowrank_shared88_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=88 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
+  [lowrank_shared46_layer_int4_ef]="$d.compression=lowrank_shared $d.compression_rank_max=46 $d.compression_matrix=per_layer $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [lowrank88_int4_ef_avg]="$d.compression=lowrank $d.compression_rank_max=88 $d.compression_energy=1.0 $d.compression_factor_bits=4 $d.error_feedback=True $avg"
   [combined_overlap_senders_down]="$d.delay=overlap $d.overlap_steps=5 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=int4"
   [leader_sparseloco]="${topkc/compression=topk/compression=leader_topk} $d.error_feedback_decay=0.95 $avg"

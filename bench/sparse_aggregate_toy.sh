@@ -132,6 +132,13 @@
 # whole). At about the bytes of rank 3 stacked (174x): rank 2 per layer
 # (170.5x), the shared basis and the per-worker one:
 #   NAMES="lowrank_shared2_layer lowrank2_worker_layer" bash bench/sparse_aggregate_toy.sh OUT
+# then, after both did a little worse than stacked (68.89 against 68.47,
+# 64.15 against 61.96; a slot here stacks only 2 layers, and the layers'
+# norm scales, now sent whole, take a fifth of the bytes), the model 12
+# layers deep (slots of 6 layers, as 126M stacks 12), the shared basis at
+# about 93x: rank 8 stacked against rank 4 per layer:
+#   EXTRA=--config.model.num_layers=12 NAMES="lowrank_shared8
+#   lowrank_shared4_layer" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -144,6 +151,9 @@ common=(--config=experiments/quickstart.py:small "${shape[@]}"
         --config.diloco.inner_steps=10 --config.diloco.outer_optimizer=sgd
         --config.diloco.outer_lr=1.0 --config.diloco.outer_momentum=0.0
         --config.eval.reroute_every=0 --config.eval.learned_reroute=False)
+# EXTRA: flags for every arm, the float32 base included (e.g. the depth).
+read -ra extra <<< "${EXTRA:-}"
+common+=("${extra[@]}")
 topk=(--config.diloco.compression=topk --config.diloco.error_feedback=True
       --config.diloco.error_feedback_decay=0.95
       --config.diloco.compression_topk_fraction=0.015625
@@ -183,6 +193,8 @@ declare -A ARMS=(
   [lowrank6_worker]="$lowrank3_worker --config.diloco.compression_rank_max=6"
   [lowrank_shared6]="$lowrank3 --config.diloco.compression_rank_max=6"
   [lowrank_shared2_layer]="$lowrank3 --config.diloco.compression_rank_max=2 --config.diloco.compression_matrix=per_layer"
+  [lowrank_shared8]="$lowrank3 --config.diloco.compression_rank_max=8"
+  [lowrank_shared4_layer]="$lowrank3 --config.diloco.compression_rank_max=4 --config.diloco.compression_matrix=per_layer"
   [lowrank2_worker_layer]="$lowrank3_worker --config.diloco.compression_rank_max=2 --config.diloco.compression_matrix=per_layer"
   [lowrank_shared3_lr2]="$lowrank3 --config.diloco.outer_lr=2.0"
   [lowrank_shared3_lr4]="$lowrank3 --config.diloco.outer_lr=4.0"

@@ -181,7 +181,8 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
 @pytest.mark.parametrize("delay,tau,factor_bits,codec", [
     ("none", 0, 0, "int4"), ("one_round", 0, 0, "int4"),
     ("overlap", 1, 0, "int4"), ("overlap", 2, 0, "int4"),
-    ("none", 0, 4, "int4"), ("none", 0, 0, "topk_senders"),
+    ("none", 0, 4, "int4"), ("none", 0, 4, "int4_per_layer"),
+    ("none", 0, 0, "topk_senders"),
     ("eager", 0, 0, "int4"), ("eager", 0, 0, "none")])
 def test_compressed_islands_equal_the_spmd_simulation(tmp_path, monkeypatch,
                                                       delay, tau,
@@ -205,6 +206,11 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, monkeypatch,
                   per_slot=("shared=compression:lowrank+rank_max:2"
                             f"+factor_bits:{factor_bits}"),
                   overlap_steps=tau)
+  if codec == "int4_per_layer":
+    # The low rank on a slot of two stacked layers, each layer coded alone
+    # (per-layer payloads on the wire), the embedding int4.
+    settings.update(compression_matrix="per_layer", per_slot=(
+        f"layers_00_01=compression:lowrank+rank_max:2+factor_bits:4"))
   if codec == "topk_senders":
     settings.update(compression="topk", compression_topk_fraction=0.1,
                     sparse_aggregate="senders", per_slot="")
