@@ -202,6 +202,10 @@ def base_config() -> ml_collections.ConfigDict:
   # top-k over the whole leaf, 32-bit indices.
   c.diloco.compression_topk_chunk = 0
   c.diloco.compression_stride = 8  # strided: 1 / stride of entries a round.
+  # How chunked top-k's indices go on the wire (up and down; lossless):
+  # fixed = log2(chunk) bits each (12) | elias_fano = each chunk's sorted
+  # indices, about 2 + log2(chunk / k) bits each (8 at 64 of 4096).
+  c.diloco.compression_index_code = "fixed"
   # SparseLoCo's accumulator e <- decay * e + delta; 1 = plain feedback.
   c.diloco.error_feedback_decay = 1.0
   # How a module's users' decoded top-k contributions are averaged: senders

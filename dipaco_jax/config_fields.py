@@ -186,6 +186,7 @@ _CHOICES = {
                                     "topk", "strided"),
     "diloco.sparse_aggregate": ("mean", "senders"),
     "diloco.compression_matrix": ("per_layer", "stacked"),
+    "diloco.compression_index_code": ("fixed", "elias_fano"),
     "diloco.preset": ("", "streaming", "dilocox", "sparseloco"),
 }
 

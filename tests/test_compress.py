@@ -14,6 +14,7 @@ import pytest
 from dipaco_jax.diloco import compress
 from dipaco_jax.diloco import compress_apply
 from dipaco_jax.diloco import compress_lowrank
+from dipaco_jax.diloco import compress_topk
 
 Spec = compress.CompressionSpec
 
@@ -34,6 +35,10 @@ SPECS = {
     "topk": Spec("topk", topk_fraction=0.2),
     # Chunks of 8 (3-bit indices), 2 kept per chunk; 35 values pad a chunk.
     "topk_chunk": Spec("topk", topk_fraction=0.25, topk_chunk=8),
+    # The same with each chunk's indices as an Elias-Fano stream: 2 of 8
+    # at 1 low bit, 4 buckets, 2 + 2 + 4 = 8 bits a chunk.
+    "topk_chunk_ef": Spec("topk", topk_fraction=0.25, topk_chunk=8,
+                          index_code="elias_fano"),
     # A third of the entries a round, blocks of 4: 35 values pad the last
     # row of 3 and the last block.
     "strided": Spec("strided", stride=3, block_size=4),
@@ -195,6 +200,40 @@ def test_chunked_topk_at_sparseloco_settings_sends_136x_fewer_bytes():
   n = 4 * 4096
   assert float(codec.payload_bytes(None, (n,))) == 4 * 120
   assert 136 < 4 * n / (4 * 120) < 137
+
+
+def test_elias_fano_indices_at_sparseloco_settings():
+  # 64 of 4096: 6 low bits, 64 buckets: 64 x 6 + 64 + 64 = 512 bits, so
+  # 64 + 16 + 8 = 88 B a chunk, against 120 B at 12-bit indices. 512 of
+  # 4096 (the 8-worker download): 3 low bits, 512 buckets: 2,560 bits.
+  codec = _codec("topk_chunk_ef", topk_fraction=64 / 4096, topk_chunk=4096)
+  n = 4 * 4096
+  assert float(codec.payload_bytes(None, (n,))) == 4 * 88
+  assert compress_topk.elias_fano_bits(4096, 512) == 2560
+  # Lossless at that size too, whatever the order top-k found them in.
+  x = np.random.default_rng(7).standard_normal(n).astype(np.float32)
+  sent, payload = _round_trip(codec, x)
+  fixed = _codec("topk_chunk", topk_fraction=64 / 4096, topk_chunk=4096)
+  np.testing.assert_array_equal(sent, _round_trip(fixed, x)[0])
+  trimmed = codec.trim(payload)
+  assert trimmed["idx"].nbytes == 4 * 64
+  np.testing.assert_array_equal(codec.decode_trimmed(trimmed, (n,)), sent)
+
+
+@pytest.mark.parametrize("c,k", [(8, 1), (8, 8), (4096, 64), (4096, 512),
+                                 (100, 7)])
+def test_elias_fano_round_trips_any_indices(c, k):
+  rng = np.random.default_rng(c + k)
+  idx_MxK = np.stack([rng.permutation(c)[:k] for _ in range(5)])
+  code_MxK = rng.integers(0, 4, idx_MxK.shape).astype(np.uint8)
+  packed, code_sorted = compress_topk.elias_fano_pack(idx_MxK, code_MxK, c)
+  assert packed.nbytes == -(-5 * compress_topk.elias_fano_bits(c, k) // 8)
+  idx_back = compress_topk.elias_fano_unpack(packed, 5, k, c)
+  np.testing.assert_array_equal(idx_back, np.sort(idx_MxK, axis=1))
+  # Each code travels with its index.
+  for m in range(5):
+    assert dict(zip(idx_MxK[m], code_MxK[m])) == dict(
+        zip(idx_back[m], code_sorted[m]))
 
 
 def test_error_feedback_decay_scales_the_residual():

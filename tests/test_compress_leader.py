@@ -154,6 +154,9 @@ def test_bytes_at_sparseloco_settings():
   assert compress_leader.leaf_bytes(4 * 4096, 4096, 64 / 4096) == (
       4 * 96, 4 * 24)
   assert compress_topk.payload_bytes(4 * 4096, 4096, 64 / 4096) == 4 * 120
+  # The leader's indices as Elias-Fano streams: 512 bits a chunk.
+  assert compress_leader.leaf_bytes(4 * 4096, 4096, 64 / 4096,
+                                    "elias_fano") == (4 * 64, 4 * 24)
 
 
 def test_overlap_counts_the_indices_read_at_the_handover():

@@ -317,6 +317,24 @@ def test_a_config_file_that_cannot_load_is_one_line(tmp_path, problem,
   assert not workdir.exists()
 
 
+def test_the_index_code_needs_chunks_and_reaches_the_download():
+  from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top
+  config = testing.comm_config(compression="topk",
+                               compression_index_code="elias_fano")
+  with pytest.raises(config_base.ConfigError,
+                     match=r"diloco.compression_index_code: "
+                     r".*compression_topk_chunk > 0"):
+    config_base.validate(config, num_devices=8)
+  config.diloco.compression_topk_chunk = 4096
+  config.diloco.download_compression = "topk"
+  config_base.validate(config, num_devices=8)
+  slots = paths_lib.topology_from_config(config).slots
+  for comm in comm_lib.comm_by_slot(config, slots).values():
+    assert comm.spec.index_code == comm.download_spec.index_code == (
+        "elias_fano")
+
+
 def test_the_sparse_aggregate_is_top_ks_alone():
   from dipaco_jax import paths as paths_lib  # pylint: disable=g-import-not-at-top
   from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top

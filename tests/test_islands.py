@@ -182,7 +182,7 @@ def test_a_worker_traces_the_profile_steps_of_its_rounds(spmd_run, tmp_path):
     ("none", 0, 0, "int4"), ("one_round", 0, 0, "int4"),
     ("overlap", 1, 0, "int4"), ("overlap", 2, 0, "int4"),
     ("none", 0, 4, "int4"), ("none", 0, 4, "int4_per_layer"),
-    ("none", 0, 0, "topk_senders"),
+    ("none", 0, 0, "topk_senders"), ("none", 0, 0, "topk_elias_fano"),
     ("eager", 0, 0, "int4"), ("eager", 0, 0, "none")])
 def test_compressed_islands_equal_the_spmd_simulation(tmp_path, monkeypatch,
                                                       delay, tau,
@@ -211,9 +211,12 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, monkeypatch,
     # (per-layer payloads on the wire), the embedding int4.
     settings.update(compression_matrix="per_layer", per_slot=(
         f"layers_00_01=compression:lowrank+rank_max:2+factor_bits:4"))
-  if codec == "topk_senders":
+  if codec in ("topk_senders", "topk_elias_fano"):
     settings.update(compression="topk", compression_topk_fraction=0.1,
                     sparse_aggregate="senders", per_slot="")
+  if codec == "topk_elias_fano":  # Chunked, indices as Elias-Fano streams.
+    settings.update(compression_topk_chunk=64,
+                    compression_index_code="elias_fano")
   if codec == "none":  # float32 contributions, no carry but eager's own.
     settings.update(compression="none", error_feedback=False, per_slot="")
   exp = _experiment(tmp_path / "spmd", num_steps=4, **settings)

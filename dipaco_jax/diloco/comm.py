@@ -10,7 +10,8 @@ A selector is a slot's name or its kind (shared | level | private); a slot
 takes the settings of its name, else of its kind, else the defaults. Keys:
 delay, compression, error_feedback, error_feedback_decay, sparse_aggregate,
 and the compression_* knobs without their prefix (block_size, rank_min,
-rank_max, energy, factor_bits, topk_fraction, topk_chunk, stride).
+rank_max, energy, factor_bits, topk_fraction, topk_chunk, stride,
+index_code).
 """
 
 import dataclasses
@@ -53,7 +54,8 @@ class SlotComm:
     return compress.CompressionSpec(
         name=self.download, block_size=self.spec.block_size,
         topk_fraction=self.download_topk_fraction or self.spec.topk_fraction,
-        topk_chunk=self.spec.topk_chunk, stride=self.spec.stride)
+        topk_chunk=self.spec.topk_chunk, stride=self.spec.stride,
+        index_code=self.spec.index_code)
 
   @property
   def delayed(self) -> bool:
@@ -65,7 +67,7 @@ _SPEC_KEYS = {"compression": "name", "error_feedback": "error_feedback",
               "rank_max": "rank_max", "energy": "energy",
               "factor_bits": "factor_bits",
               "topk_fraction": "topk_fraction", "topk_chunk": "topk_chunk",
-              "stride": "stride",
+              "stride": "stride", "index_code": "index_code",
               "error_feedback_decay": "feedback_decay",
               "sparse_aggregate": "aggregate"}
 
@@ -193,6 +195,12 @@ def check_config(config) -> None:
     config_fields.fail(
         "diloco.compression_factor_bits", f"{d.compression_factor_bits} must "
         "be 0 (float32 factors), 8 or 4 (int8/int4 blocks).")
+  if (d.compression_index_code == "elias_fano"
+      and d.compression_topk_chunk < 1
+      and "topk" in (d.compression, d.download_compression)):
+    config_fields.fail(
+        "diloco.compression_index_code", "elias_fano codes each top-k "
+        "chunk's indices: set diloco.compression_topk_chunk > 0 (4096).")
   if d.compression == "leader_topk" and d.compression_topk_chunk < 1:
     config_fields.fail(
         "diloco.compression_topk_chunk", "must be > 0 with compression="

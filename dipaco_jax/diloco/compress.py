@@ -217,20 +217,29 @@ class _ChunkedTopKCodec(Codec):
   def payload_bytes(self, payload, shape):
     del payload
     return jnp.float32(compress_topk.payload_bytes(
-        _size(shape), self.spec.topk_chunk, self.spec.topk_fraction))
+        _size(shape), self.spec.topk_chunk, self.spec.topk_fraction,
+        self.spec.index_code))
 
   def trim(self, payload):
     trimmed = super().trim(payload)
-    bits = compress_topk.index_bits(self.spec.topk_chunk)
-    trimmed["idx"] = compress_topk.pack_bits(trimmed["idx"], bits)
+    if self.spec.index_code == "elias_fano":
+      trimmed["idx"], trimmed["code"] = compress_topk.elias_fano_pack(
+          trimmed["idx"], trimmed["code"], self.spec.topk_chunk)
+    else:
+      bits = compress_topk.index_bits(self.spec.topk_chunk)
+      trimmed["idx"] = compress_topk.pack_bits(trimmed["idx"], bits)
     trimmed["code"] = compress_topk.pack_bits(trimmed["code"], 2)
     return trimmed
 
   def untrim(self, trimmed, shape):
     _, m, k = compress_topk.layout(_size(shape), self.spec.topk_chunk,
                                    self.spec.topk_fraction)
-    bits = compress_topk.index_bits(self.spec.topk_chunk)
-    idx = compress_topk.unpack_bits(trimmed["idx"], bits, m * k)
+    if self.spec.index_code == "elias_fano":
+      idx = compress_topk.elias_fano_unpack(trimmed["idx"], m, k,
+                                            self.spec.topk_chunk)
+    else:
+      bits = compress_topk.index_bits(self.spec.topk_chunk)
+      idx = compress_topk.unpack_bits(trimmed["idx"], bits, m * k)
     code = compress_topk.unpack_bits(trimmed["code"], 2, m * k)
     return {"scales": trimmed["scales"],
             "idx": idx.astype(np.int32).reshape(m, k),

@@ -59,12 +59,13 @@ def leaders(round_W, a_WxK, experts_W):
                    jnp.arange(experts_W.shape[0]))
 
 
-def leaf_bytes(n: int, chunk: int, fraction: float) -> tuple[int, int]:
+def leaf_bytes(n: int, chunk: int, fraction: float,
+               index_code: str = "fixed") -> tuple[int, int]:
   """(the indices' bytes, the codes' and scales' bytes) of one worker's
   leaf of n entries; the leader sends both, the others the second."""
   _, m, k = compress_topk.layout(n, chunk, fraction)
-  index_bytes = -(-m * k * compress_topk.index_bits(chunk) // 8)
-  return index_bytes, -(-m * k * 2 // 8) + 8 * m
+  return (compress_topk.index_bytes(n, chunk, fraction, index_code),
+          -(-m * k * 2 // 8) + 8 * m)
 
 
 def compress_leaf(spec: compress_spec.CompressionSpec, c_W, residual_W,
@@ -92,7 +93,7 @@ def compress_leaf(spec: compress_spec.CompressionSpec, c_W, residual_W,
   sent_W = jax.vmap(lambda p: compress_topk.decode(p, n, chunk))(
       payload).reshape(c_W.shape)
   residual = y_W - sent_W if spec.error_feedback else residual_W
-  index_bytes, value_bytes = leaf_bytes(n, chunk, fraction)
+  index_bytes, value_bytes = leaf_bytes(n, chunk, fraction, spec.index_code)
   leads_W = leader_W == jnp.arange(num_workers)
   sent_bytes_W = value_bytes + jnp.where(leads_W, float(index_bytes), 0.0)
   read_bytes_W = jnp.where(leads_W, 0.0, float(index_bytes))

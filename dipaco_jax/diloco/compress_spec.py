@@ -23,6 +23,8 @@ class CompressionSpec:
   topk_chunk: int = 0           # topk: entries per chunk; 0 = whole leaf
                                 # (leader_topk: per chunk only)
   stride: int = 8               # strided: a round sends 1 / stride
+  index_code: str = "fixed"     # chunked topk, leader_topk: fixed |
+                                # elias_fano (compress_topk.py)
   feedback_decay: float = 1.0   # error feedback: residual scale, (0, 1]
   aggregate: str = "mean"       # mean | senders (outer.mix); config's
                                 # default: senders, top-k only (comm.py)
@@ -46,6 +48,7 @@ def spec_from_config(diloco_config) -> CompressionSpec:
       topk_fraction=float(get("compression_topk_fraction", d.topk_fraction)),
       topk_chunk=int(get("compression_topk_chunk", d.topk_chunk)),
       stride=int(get("compression_stride", d.stride)),
+      index_code=str(get("compression_index_code", d.index_code)),
       feedback_decay=float(get("error_feedback_decay", d.feedback_decay)),
       aggregate=str(get("sparse_aggregate", d.aggregate)))
 # `layer_axis` is not a config field: comm.py sets it per slot, from
@@ -72,6 +75,13 @@ def check(spec: CompressionSpec) -> None:
     # Its indices are the leader's inside each chunk (12 bits at 4096).
     raise ValueError(f"leader_topk needs topk_chunk > 0 (got "
                      f"{spec.topk_chunk})")
+  if spec.index_code not in ("fixed", "elias_fano"):
+    raise ValueError(f"index_code must be fixed or elias_fano (got "
+                     f"{spec.index_code!r})")
+  if spec.index_code == "elias_fano" and spec.topk_chunk < 1 and (
+      spec.name in ("topk", "leader_topk")):
+    raise ValueError("index_code elias_fano needs topk_chunk > 0 (it codes "
+                     "each chunk's indices)")
   if not 0 < spec.feedback_decay <= 1:
     raise ValueError(f"error_feedback_decay must be in (0, 1] (got "
                      f"{spec.feedback_decay})")

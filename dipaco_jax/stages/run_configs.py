@@ -112,7 +112,7 @@ _COMM_FIELDS = ("delay", "compression", "error_feedback",
                 "compression_rank_max", "compression_energy",
                 "compression_factor_bits", "compression_matrix",
                 "compression_topk_fraction", "compression_topk_chunk",
-                "compression_stride",
+                "compression_stride", "compression_index_code",
                 "sparse_aggregate",
                 "error_feedback_decay", "per_slot", "overlap_steps",
                 "preset")
