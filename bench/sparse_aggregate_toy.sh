@@ -125,6 +125,13 @@
 # whether the per-worker basis keeps its lead with twice the bytes: both
 # bases at rank 6 (about 87x), undecayed feedback, averaging:
 #   NAMES="lowrank6_worker lowrank_shared6" bash bench/sparse_aggregate_toy.sh OUT
+# 100x both ways with Elias-Fano indices (2026-12-04, fixed before the
+# run): with the indices so coded, top-k at 32/4096 up and 8x that down
+# (256/4096, the 8 workers' top-k together) would send about 104x fewer
+# bytes both ways on the 126M model (64/4096 and 512/4096: 60x). Whether
+# half SparseLoCo's density costs this toy much: up alone (float32 down),
+# and read back at 8x:
+#   NAMES="topk_half_senders topk_half_down8x_ef" bash bench/sparse_aggregate_toy.sh OUT
 # Each layer's weight its own matrix (2026-12-04, fixed before the run):
 # every arm above took a slot's stacked layers [L, ...] as one matrix, so
 # all its layers shared one basis, where PowerSGD codes each weight alone
@@ -207,6 +214,8 @@ declare -A ARMS=(
   [lowrank_shared3_nesterov_m06]="$lowrank3 $nesterov --config.diloco.outer_momentum=0.6"
   [topk_mean]="${topk[*]} --config.diloco.sparse_aggregate=mean"
   [topk_senders]="${senders[*]}"
+  [topk_half_senders]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125"
+  [topk_half_down8x_ef]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 ${down[*]} --config.diloco.download_topk_fraction=0.0625 --config.diloco.compression_index_code=elias_fano"
   [down_topk]="${senders[*]} ${down[*]}"
   [down_topk4x]="${senders[*]} ${down[*]} --config.diloco.download_topk_fraction=0.0625"
   [down_topk8x]="${senders[*]} $down8x"
