@@ -179,6 +179,7 @@ class Tracker:
     # `layer_axis=True` (the low rank per layer) holds for the slots of
     # stacked layers, as comm.py sets it; the embedding's leaves are whole.
     self.embed_spec = dataclasses.replace(spec, layer_axis=False)
+    self.embed_codec = compress.make_codec(self.embed_spec)
     self.residuals = self.states = None
     self.sq = {"err_w": 0.0, "c_w": 0.0, "err_mean": 0.0, "c_mean": 0.0}
     self.sum_err = self.sum_c = None  # sum over rounds, [W, ...] leaves
@@ -210,6 +211,9 @@ class Tracker:
   def _spec_of(self, slot: str) -> compress.CompressionSpec:
     return self.embed_spec if slot == paths_lib.EMBED_SLOT else self.spec
 
+  def _codec_of(self, slot: str) -> compress.Codec:
+    return self.embed_codec if slot == paths_lib.EMBED_SLOT else self.codec
+
   def _add_per_worker(self, contribs: dict):
     """Each slot through its codec (`_spec_of`), residuals and states kept
     per slot."""
@@ -218,9 +222,8 @@ class Tracker:
       self.states = {name: None for name in contribs}
     sent, bytes_W = {}, 0.0
     for name, tree in contribs.items():
-      codec = compress.make_codec(self._spec_of(name))
       sent[name], self.residuals[name], self.states[name], b = (
-          compress_apply.compress_tree(codec, tree, self.residuals[name],
+          compress_apply.compress_tree(self._codec_of(name), tree, self.residuals[name],
                                        self.states[name]))
       bytes_W = bytes_W + b
     return sent, bytes_W
@@ -233,8 +236,8 @@ class Tracker:
       assignment_WxS = np.zeros((num_workers, len(contribs)), np.int32)
     if self.states is None:
       self.residuals = {name: None for name in contribs}
-      self.states = {name: compress_apply.init_states(
-          compress.make_codec(self._spec_of(name)), tree)
+      self.states = {name: compress_apply.init_states(self._codec_of(name),
+                                                      tree)
                      for name, tree in contribs.items()}
     assignment_WxS = np.asarray(assignment_WxS, np.int32)
     mixing = outer_lib.mixing_matrices(

@@ -295,3 +295,22 @@ def test_the_low_rank_matrix_is_hashed_only_where_it_changes_numbers():
         stacked)["diloco"]
     assert run_configs.training_fields(per_layer)["diloco"][
         "compression_matrix"] == "per_layer"
+  # Where per_layer changes nothing, it is not hashed either: unstacked
+  # layers, or a low rank on the embedding alone.
+  per_layer = derive(config, **{"diloco.compression": "lowrank",
+                                "diloco.compression_matrix": "per_layer"})
+  for no_effect in ({"model.scan_layers": False},
+                    {"diloco.compression": "int4",
+                     "diloco.per_slot": "shared=compression:lowrank"}):
+    assert "compression_matrix" not in run_configs.training_fields(
+        derive(per_layer, **no_effect))["diloco"]
+
+
+def test_the_index_code_is_not_hashed():
+  # Elias-Fano indices change the bytes on the wire, not the numbers.
+  config = testing.tiny_config(shape="2x2", inner_steps=4)
+  topk = experiment_lib.derive_config(config, **{
+      "diloco.compression": "topk", "diloco.compression_topk_chunk": 64})
+  assert experiment_lib.training_hash(topk) == experiment_lib.training_hash(
+      experiment_lib.derive_config(
+          topk, **{"diloco.compression_index_code": "elias_fano"}))

@@ -210,7 +210,7 @@ def test_compressed_islands_equal_the_spmd_simulation(tmp_path, monkeypatch,
     # The low rank on a slot of two stacked layers, each layer coded alone
     # (per-layer payloads on the wire), the embedding int4.
     settings.update(compression_matrix="per_layer", per_slot=(
-        f"layers_00_01=compression:lowrank+rank_max:2+factor_bits:4"))
+        "layers_00_01=compression:lowrank+rank_max:2+factor_bits:4"))
   if codec in ("topk_senders", "topk_elias_fano"):
     settings.update(compression="topk", compression_topk_fraction=0.1,
                     sparse_aggregate="senders", per_slot="")

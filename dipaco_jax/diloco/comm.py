@@ -148,7 +148,7 @@ def comm_by_slot(config, slots) -> dict[str, SlotComm]:
       # so does leader_topk, whose users all send on one support.
       comm = dataclasses.replace(
           comm, spec=dataclasses.replace(comm.spec, aggregate="mean"))
-    if comm.spec.name in _LOW_RANK and _stacks_layers(config, slot):
+    if comm.spec.name in _LOW_RANK and _codes_each_layer(config, slot):
       comm = dataclasses.replace(
           comm, spec=dataclasses.replace(comm.spec, layer_axis=True))
     out[slot.name] = comm
@@ -158,7 +158,7 @@ def comm_by_slot(config, slots) -> dict[str, SlotComm]:
 _LOW_RANK = ("lowrank", "lowrank_shared")
 
 
-def _stacks_layers(config, slot) -> bool:
+def _codes_each_layer(config, slot) -> bool:
   """Whether the low rank codes each layer of `slot`'s leaves alone
   (`diloco.compression_matrix=per_layer`): a slot of layers whose
   parameters are stacked on axis 0 (`model.scan_layers`)."""

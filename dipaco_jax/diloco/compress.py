@@ -286,6 +286,11 @@ class _StridedCodec(_RoundCodec):
         trimmed["code"], 2, m).astype(np.uint8)}
 
 
+# The suffix of layer i's keys, + str(i), in a per-layer low-rank payload
+# on the wire (`_LowRankCodec.trim`).
+_LAYER_KEY_SUFFIX = "_layer"
+
+
 class _LowRankCodec(Codec):
   """PowerSGD with an adaptive rank; its functions are in compress_lowrank.py.
   State: the warm start, per leaf of ndim >= 2. With factor_bits, each
@@ -337,17 +342,17 @@ class _LowRankCodec(Codec):
     rank = payload.get("rank")
     if rank is None or np.ndim(rank) == 0:
       return self._trim_matrix(payload)
-    return {f"{k}{_LAYER}{i}": v
+    return {f"{k}{_LAYER_KEY_SUFFIX}{i}": v
             for i in range(np.shape(rank)[0])
             for k, v in self._trim_matrix(
                 {k: np.asarray(v)[i] for k, v in payload.items()}).items()}
 
   def untrim(self, trimmed, shape):
-    if not (self._per_layer(shape) and f"rank{_LAYER}0" in trimmed):
+    if not (self._per_layer(shape) and f"rank{_LAYER_KEY_SUFFIX}0" in trimmed):
       return self._untrim_matrix(trimmed, shape)
     layers = []
     for i in range(shape[0]):
-      suffix = f"{_LAYER}{i}"
+      suffix = f"{_LAYER_KEY_SUFFIX}{i}"
       layers.append(self._untrim_matrix(
           {k[:-len(suffix)]: v for k, v in trimmed.items()
            if k.endswith(suffix)}, shape[1:]))
@@ -383,10 +388,6 @@ class _LowRankCodec(Codec):
       return lowrank.untrim_quantized(trimmed, shape, self.spec.rank_max,
                                       self._factor_codec)
     return lowrank.untrim(trimmed, shape, self.spec.rank_max)
-
-
-# The suffix of a layer's keys in a per-layer low-rank payload on the wire.
-_LAYER = "_layer"
 
 
 class _SharedLowRankCodec(_LowRankCodec):

@@ -30,7 +30,10 @@ class CompressionSpec:
                                 # default: senders, top-k only (comm.py)
   layer_axis: bool = False      # lowrank, lowrank_shared: each leaf's axis
                                 # 0 stacks layers, and each layer's matrix
-                                # is coded alone (comm.py sets it per slot)
+                                # is coded alone. Not a config field:
+                                # comm.py sets it per slot, from
+                                # diloco.compression_matrix and whether
+                                # the slot's leaves stack layers
 
 
 def spec_from_config(diloco_config) -> CompressionSpec:
@@ -51,8 +54,6 @@ def spec_from_config(diloco_config) -> CompressionSpec:
       index_code=str(get("compression_index_code", d.index_code)),
       feedback_decay=float(get("error_feedback_decay", d.feedback_decay)),
       aggregate=str(get("sparse_aggregate", d.aggregate)))
-# `layer_axis` is not a config field: comm.py sets it per slot, from
-# `diloco.compression_matrix` and whether the slot's leaves stack layers.
 
 
 def check(spec: CompressionSpec) -> None:

@@ -89,9 +89,6 @@ def decode(payload, n: int, chunk: int) -> jax.Array:
   return x_MxC.reshape(-1)[:n]
 
 
-INDEX_CODES = ("fixed", "elias_fano")
-
-
 def payload_bytes(n: int, chunk: int, fraction: float,
                   index_code: str = "fixed") -> int:
   """Bytes on the wire: the indices (`index_bytes`), the codes at 2 bits
@@ -105,8 +102,10 @@ def index_bytes(n: int, chunk: int, fraction: float,
                 index_code: str = "fixed") -> int:
   """The indices' bytes of a leaf of n entries: `fixed`, index_bits(chunk)
   each (a leaf smaller than a chunk too); `elias_fano`, each chunk's
-  `elias_fano_bits` over indices in [0, chunk) (so too), the chunks'
-  streams back to back."""
+  `elias_fano_bits` over indices in [0, chunk), the chunks' streams back
+  to back. A leaf smaller than a chunk is coded over [0, chunk) too (a
+  byte or two more than over its own size): `trim` sees the payload, not
+  the leaf's size."""
   _, m, k = layout(n, chunk, fraction)
   if index_code == "elias_fano":
     return -(-m * elias_fano_bits(chunk, k) // 8)

@@ -53,7 +53,9 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
   keep["diloco"] = {k: v for k, v in keep["diloco"].items()
                     if k not in _COMM_FIELDS or v != defaults[k]}
   _hash_aggregate_as_applied(keep["diloco"], config.diloco)
-  _hash_matrix_as_applied(keep["diloco"], config.diloco)
+  _hash_matrix_as_applied(keep["diloco"], config)
+  # How top-k's indices are coded changes the bytes, not the numbers.
+  keep["diloco"].pop("compression_index_code", None)
   # So do the speed options (loss_chunk, fp8), which change the numbers a little
   # (rounding with chunks, FP8's precision).
   model_defaults = config_base.base_config().model
@@ -93,15 +95,16 @@ def _drop_unused_stage_axis(keep: dict, config) -> None:
       for name, axes in keep["sharding_rules"]]
 
 
-def _hash_matrix_as_applied(keep_diloco: dict, diloco) -> None:
-  """`compression_matrix` enters only with a low-rank slot, and then only
-  as `per_layer`: `stacked` is how every low-rank run before the field
+def _hash_matrix_as_applied(keep_diloco: dict, config) -> None:
+  """`compression_matrix` enters only where it changes the numbers: as
+  `per_layer`, with a low-rank slot of stacked layers (`comm.py`'s
+  `layer_axis`). `stacked` is how every low-rank run before the field
   ran, so those keep their hash, whatever the default."""
+  from dipaco_jax.diloco import comm as comm_lib  # pylint: disable=g-import-not-at-top
   keep_diloco.pop("compression_matrix", None)
-  per_slot = diloco.per_slot.replace(" ", "")
-  uses_low_rank = (diloco.compression in ("lowrank", "lowrank_shared")
-                   or "compression:lowrank" in per_slot)
-  if uses_low_rank and diloco.compression_matrix == "per_layer":
+  comms = comm_lib.comm_by_slot(
+      config, paths_lib.topology_from_config(config).slots)
+  if any(c.spec.layer_axis for c in comms.values()):
     keep_diloco["compression_matrix"] = "per_layer"
 
 
@@ -112,7 +115,7 @@ _COMM_FIELDS = ("delay", "compression", "error_feedback",
                 "compression_rank_max", "compression_energy",
                 "compression_factor_bits", "compression_matrix",
                 "compression_topk_fraction", "compression_topk_chunk",
-                "compression_stride", "compression_index_code",
+                "compression_stride",
                 "sparse_aggregate",
                 "error_feedback_decay", "per_slot", "overlap_steps",
                 "preset")
