@@ -52,12 +52,12 @@ def training_fields(config, data_not_hashed=_DATA_NOT_HASHED) -> dict:
   defaults = config_base.base_config().diloco
   keep["diloco"] = {k: v for k, v in keep["diloco"].items()
                     if k not in _COMM_FIELDS or v != defaults[k]}
-  _hash_aggregate_as_applied(keep["diloco"], config.diloco)
-  _hash_matrix_as_applied(keep["diloco"], config)
   # How top-k's indices are coded changes the bytes, not the numbers.
   keep["diloco"].pop("compression_index_code", None)
-  # So do the speed options (loss_chunk, fp8), which change the numbers a little
-  # (rounding with chunks, FP8's precision).
+  _hash_aggregate_as_applied(keep["diloco"], config.diloco)
+  _hash_matrix_as_applied(keep["diloco"], config)
+  # The speed options (loss_chunk, fp8) enter only when set too: they change
+  # the numbers a little (rounding with chunks, FP8's precision).
   model_defaults = config_base.base_config().model
   keep["model"] = {k: v for k, v in keep["model"].items()
                    if k not in _SPEED_FIELDS or v != model_defaults[k]}
