@@ -176,49 +176,42 @@ def base_config() -> ml_collections.ConfigDict:
   # plain DiLoCo/DiPaCo, hashed as before these fields existed.
   # none | one_round | naive | lookahead | eager | overlap
   c.diloco.delay = "none"
-  # tau of delay=overlap (Streaming DiLoCo, diloco/overlap_step.py): the
-  # outer step of the round ending at step (k+1)H is applied tau inner
-  # steps later, 1 <= tau <= H (tau = H is one_round's rule); 0 = not
-  # used (only delay=overlap takes it), so no default tau is hashed.
+  # tau of delay=overlap (diloco/overlap_step.py): a round's outer step is
+  # applied tau inner steps late, 1 <= tau <= H (H: one_round's rule); 0 =
+  # unused (delay=overlap only takes it), so no default tau is hashed.
   c.diloco.overlap_steps = 0
   # none | int8 | int4 | e3m0 | lowrank | lowrank_shared | topk |
   # leader_topk (chunked, on one support per module a round) | strided
   c.diloco.compression = "none"
   c.diloco.error_feedback = False  # Keep what compression drops, per worker.
   c.diloco.compression_block_size = 256  # int codes (factors too): per scale.
-  # lowrank: the adaptive rank's bounds, the share of its rank_max
-  # approximation's energy kept, and its factors' bits (0 = float32; 8 or
-  # 4 = int blocks, DiLoCoX's low rank + int4).
   c.diloco.compression_rank_min = 1  # lowrank: lowest rank.
   # lowrank: highest rank; lowrank_shared: its (fixed) rank.
   c.diloco.compression_rank_max = 32
   c.diloco.compression_energy = 0.9  # lowrank: energy share kept.
-  c.diloco.compression_factor_bits = 0  # lowrank: 0 | 8 | 4.
-  # lowrank, lowrank_shared: per_layer = each layer's weight one matrix
-  # (PowerSGD's) | stacked = a slot's stacked layers one matrix, one basis.
+  # lowrank: factor bits, 0 (float32) | 8 | 4 (int blocks: DiLoCoX's).
+  c.diloco.compression_factor_bits = 0
+  # lowrank, lowrank_shared: per_layer = each layer's weight alone (as
+  # PowerSGD) | stacked = a slot's stacked layers as one matrix.
   c.diloco.compression_matrix = "stacked"
   c.diloco.compression_topk_fraction = 0.01  # topk: share of entries sent.
   # topk per chunk (indices inside it; SparseLoCo: 4096, 12-bit); 0 = one
   # top-k over the whole leaf, 32-bit indices.
   c.diloco.compression_topk_chunk = 0
   c.diloco.compression_stride = 8  # strided: 1 / stride of entries a round.
-  # How chunked top-k's indices go on the wire (up and down; lossless):
-  # fixed = log2(chunk) bits each (12) | elias_fano = each chunk's sorted
-  # indices, about 2 + log2(chunk / k) bits each (8 at 64 of 4096).
+  # Chunked top-k's indices on the wire (lossless): fixed = log2(chunk)
+  # bits each | elias_fano = about 2 + log2(chunk / k) bits each.
   c.diloco.compression_index_code = "fixed"
   # SparseLoCo's accumulator e <- decay * e + delta; 1 = plain feedback.
   c.diloco.error_feedback_decay = 1.0
   # How a module's users' decoded top-k contributions are averaged: senders
   # (each coordinate over the users that sent it, SparseLoCo's reference
   # aggregation) | mean (every user, its zeros included). Other codecs
-  # always take the mean. Measured (DiLoCo x8, 136x fewer bytes): +22.65% /
-  # +10.50% at 8.4M / 42M against mean's +200.16% / +73.08%.
+  # always take the mean (docs/communication.md has the measurements).
   c.diloco.sparse_aggregate = "senders"
-  # What workers read back: the modules' new versions (none), or each
-  # module's change since the workers' copy, compressed (int8 | int4 | e3m0
-  # per block, topk per compression_topk_chunk, strided at the upload's
-  # phase; what is not yet sent goes with the next change). Delay none or
-  # overlap; no pipelined islands.
+  # What workers read back: the new modules (none), or each one's change
+  # since their copy, compressed (int8 | int4 | e3m0 | topk | strided; the
+  # rest goes next round). Delay none or overlap; not on pipelined islands.
   c.diloco.download_compression = "none"
   c.diloco.download_topk_fraction = 0.0  # topk down's share; 0 = upload's.
   # Per-slot overrides "SELECTOR=key:value+key:value;..." by a slot's name

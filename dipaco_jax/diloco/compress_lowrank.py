@@ -228,8 +228,8 @@ def untrim(trimmed, shape, rank_max: int) -> dict:
 
 # With integer factors (compress.py's factor_bits: DiLoCoX's "low rank +
 # int4"), each factor column [m] goes through the int8/int4 block codec
-# (`int_codec`, compress.py) on its own, so that no block straddles two
-# columns and the wire can cut the columns past the rank: payload
+# (`int_codec`, compress_block.py) on its own, so that no block straddles
+# two columns and the wire can cut the columns past the rank: payload
 # {f}_code [R, m] int8 and {f}_scale [R, ceil(m / block)] float32 for f in
 # p, q, and the rank. Columns past the rank are zero, so are their codes.
 # The codec's rounding of the factors is part of what the error feedback
