@@ -19,7 +19,7 @@
 # EXTRA="--config.diloco.inner_steps=15", the papers' short rounds, and
 # NAMES="avg_lr14 topk2x_lr14 combined_topk2x_lr14"; settings from the
 # toy, where the combined arm cost +2.4% against plain DiPaCo 2x2; on the
-# GPU it was 24% better, docs/communication_measured.md):
+# GPU it was 24% better, docs/communication_dipaco.md):
 #   avg_lr14                float32, outer SGD lr 1.4 without momentum
 #   topk2x_lr14             top-k 128/4096 up (2 bits, error feedback
 #                           decayed by 0.95, senders) at that outer lr

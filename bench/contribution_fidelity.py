@@ -33,7 +33,7 @@ measured rounds:
 
 The goal is 100x fewer bytes within 2% of the uncompressed perplexity;
 this says, before any quality run, how much of the signal a codec keeps
-at a given ratio on this model (docs/communication_measured.md). `--codec` takes
+at a given ratio on this model (docs/communication_lowrank.md). `--codec` takes
 `NAME` or `NAME:field=value,...` with the fields of
 `diloco/compress.py`'s CompressionSpec, e.g.
 `topk:topk_fraction=0.015625,topk_chunk=4096,error_feedback=True`.

@@ -4,7 +4,7 @@
 # from the delayed global), our one_round (workers keep their own round)
 # and eager (each worker's own fresh share applied at once), at M = 2 and
 # M = 8 replicas, on experiments/diloco.py's 8.4M model
-# (docs/communication_measured.md). The paper's regime: short rounds (H = 15
+# (docs/communication_delays.md). The paper's regime: short rounds (H = 15
 # here, it used 15-30), many of them (150 rounds = 2250 steps). Every arm runs the
 # default outer Nesterov 0.7 / 0.9 (fixed before the run: one outer
 # optimizer for all rows, as a user would get), from one dense base and

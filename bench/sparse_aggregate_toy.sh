@@ -132,6 +132,12 @@
 # half SparseLoCo's density costs this toy much: up alone (float32 down),
 # and read back at 8x:
 #   NAMES="topk_half_senders topk_half_down8x_ef" bash bench/sparse_aggregate_toy.sh OUT
+# then (2026-12-05, fixed before the run, after half the density cost 8.5
+# points up alone): the most entries up that still leave 100x both ways
+# with a download of 256/4096, 40/4096 (100.8x on the 126M model; the 8
+# workers' 40 together, at ~1.3 senders a kept coordinate, ~250 entries, so
+# the download still covers their union), up alone and read back:
+#   NAMES="topk40_senders topk40_down256_ef" bash bench/sparse_aggregate_toy.sh OUT
 # Each layer's weight its own matrix (2026-12-04, fixed before the run):
 # every arm above took a slot's stacked layers [L, ...] as one matrix, so
 # all its layers shared one basis, where PowerSGD codes each weight alone
@@ -216,6 +222,8 @@ declare -A ARMS=(
   [topk_senders]="${senders[*]}"
   [topk_half_senders]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125"
   [topk_half_down8x_ef]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 ${down[*]} --config.diloco.download_topk_fraction=0.0625 --config.diloco.compression_index_code=elias_fano"
+  [topk40_senders]="${senders[*]} --config.diloco.compression_topk_fraction=0.009765625"
+  [topk40_down256_ef]="${senders[*]} --config.diloco.compression_topk_fraction=0.009765625 ${down[*]} --config.diloco.download_topk_fraction=0.0625 --config.diloco.compression_index_code=elias_fano"
   [down_topk]="${senders[*]} ${down[*]}"
   [down_topk4x]="${senders[*]} ${down[*]} --config.diloco.download_topk_fraction=0.0625"
   [down_topk8x]="${senders[*]} $down8x"

@@ -2,7 +2,7 @@
 with decay, each coordinate averaged over the workers that sent it, outer
 averaging) against a plain numpy transcription of the algorithm, round
 after round: what the gap to the paper leaves to the regime is not in the
-implementation (docs/communication_measured.md)."""
+implementation (docs/communication_topk.md)."""
 
 import jax.numpy as jnp
 import numpy as np
