@@ -21,15 +21,17 @@ def test_sparseloco_fills_its_fields_and_keeps_the_users():
   lines = presets.apply(config)
   d = config.diloco
   assert (d.compression, d.compression_topk_chunk, d.error_feedback,
-          d.error_feedback_decay, d.sparse_aggregate) == (
-              "topk", 4096, True, 0.95, "senders")
+          d.error_feedback_decay, d.sparse_aggregate,
+          d.compression_index_code) == (
+              "topk", 4096, True, 0.95, "senders", "elias_fano")
   assert (d.outer_optimizer, d.outer_lr, d.outer_momentum) == ("sgd", 1.0,
                                                                0.0)
   assert d.compression_topk_fraction == 0.03  # The user's, kept.
   assert d.preset == ""  # Applied: the fields say what the run is.
   assert lines == [
       "diloco.preset=sparseloco: set compression=topk, "
-      "compression_topk_chunk=4096, error_feedback=True, "
+      "compression_topk_chunk=4096, compression_index_code=elias_fano, "
+      "error_feedback=True, "
       "error_feedback_decay=0.95, outer_optimizer=sgd, outer_lr=1, "
       "outer_momentum=0; kept your "
       "compression_topk_fraction=0.03"]
