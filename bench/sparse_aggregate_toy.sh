@@ -152,6 +152,12 @@
 # about 93x: rank 8 stacked against rank 4 per layer:
 #   EXTRA=--config.model.num_layers=12 NAMES="lowrank_shared8
 #   lowrank_shared4_layer" bash bench/sparse_aggregate_toy.sh OUT
+# then (2026-12-05, fixed before the run), on the same 12-layer toy at
+# over 100x, whether the per-worker basis keeps its 4-layer lead where
+# the shared one came to +13.4%: both at rank 7 stacked (about 106x), and
+# top-k over its senders at the same depth for the bar they must meet:
+#   EXTRA=--config.model.num_layers=12 NAMES="lowrank_shared7 lowrank7_worker
+#   topk_senders" bash bench/sparse_aggregate_toy.sh OUT
 set -uo pipefail
 out=${1:?OUT}; mkdir -p "$out"; w=${WORKDIR:-/tmp/sparse_aggregate_toy}
 if [[ ${SHAPE:-1x1} == 2x2 ]]; then
@@ -207,6 +213,8 @@ declare -A ARMS=(
   [lowrank_shared6]="$lowrank3 --config.diloco.compression_rank_max=6"
   [lowrank_shared2_layer]="$lowrank3 --config.diloco.compression_rank_max=2 --config.diloco.compression_matrix=per_layer"
   [lowrank_shared8]="$lowrank3 --config.diloco.compression_rank_max=8"
+  [lowrank_shared7]="$lowrank3 --config.diloco.compression_rank_max=7"
+  [lowrank7_worker]="$lowrank3_worker --config.diloco.compression_rank_max=7"
   [lowrank_shared4_layer]="$lowrank3 --config.diloco.compression_rank_max=4 --config.diloco.compression_matrix=per_layer"
   [lowrank2_worker_layer]="$lowrank3_worker --config.diloco.compression_rank_max=2 --config.diloco.compression_matrix=per_layer"
   [lowrank_shared3_lr2]="$lowrank3 --config.diloco.outer_lr=2.0"
