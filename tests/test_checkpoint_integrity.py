@@ -1,6 +1,7 @@
 """Checkpoints verified on read: damaged ones are reported, set aside, and
 an older intact one is used; resume from it is still exact."""
 
+import errno
 import json
 import shutil
 
@@ -221,6 +222,48 @@ def test_checkpoints_from_before_checksums_load_unverified(run_dir,
   _, meta, step = _restore_latest(run_dir)
   assert (step, meta["step"]) == (6, 6)
   assert "predates checksums" in _lines(capsys)[0]
+
+
+def test_a_save_cut_short_is_removed_and_resume_is_exact(run_dir, straight,
+                                                        capsys):
+  # A kill past the preemption grace (or a full disk) leaves the step's
+  # temporary directory, as large as a checkpoint: each restart kept one
+  # more until a 126M run filled its disk. Step 7's (a preemption save;
+  # not a periodic step, so no later save of it replaces the directory).
+  ckpt_dir = run_dir / "checkpoints"
+  shutil.copytree(ckpt_dir / "6", ckpt_dir / "7.orbax-checkpoint-tmp")
+  result = _resume(run_dir)
+  assert result.resumed_from == 6
+  assert _lines(capsys)[0] == (
+      "[ckpt] removing unfinished checkpoint(s) of step 7 (saves cut "
+      f"short) in {ckpt_dir}")
+  assert sorted(p.name for p in ckpt_dir.iterdir()) == [
+      "4", "6", "8", "checksums"]
+  for a, b in zip(straight, _host_leaves(result.state), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_failed_background_save_stops_the_run_at_once(tmp_path,
+                                                       monkeypatch):
+  # A 126M run's save at step 1500 of 2250 hit a full disk; the error came
+  # at the final save, 750 steps of device time later.
+  failed_after = []
+  def save_then_fail(self, step, state, meta):
+    failed_after.append(step)
+  def check_for_errors(self):
+    if failed_after:
+      raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "save", save_then_fail)
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "check_for_errors",
+                      check_for_errors)
+  steps = []
+  config = _config()
+  with pytest.raises(OSError, match="No space left"):
+    loop.train(testing.tiny_runtime(config), _data(config),
+               str(tmp_path / "run"), HASHES, "f",
+               hooks=[lambda step, state, losses: steps.append(step)])
+  assert failed_after == [2]  # The first periodic save, and no other.
+  assert max(steps) <= 3 < NUM_STEPS
 
 
 def test_other_run_is_an_error_not_a_fallback(run_dir):

@@ -52,6 +52,8 @@ from dipaco_jax.store import atomic
 from dipaco_jax.store import integrity
 
 STATE_ITEMS = ("inner", "outer")
+# Orbax's name for a step being written: `{step}.orbax-checkpoint-tmp...`.
+_UNFINISHED_SUFFIX = ".orbax-checkpoint-tmp"
 CHECKSUMS_DIR = "checksums"
 DAMAGED_DIR = "damaged"
 
@@ -97,12 +99,26 @@ class Checkpointer:
         post_finalization_callback=self._on_finalized,
         create_directories_asynchronously=False)
                      if async_save else None)
+    # A save cut short (a kill past the preemption grace, a full disk)
+    # leaves its step's temporary directory, as large as a checkpoint:
+    # orbax removes them when asked, else each restart keeps one more.
+    self._report_unfinished()
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True,
+        max_to_keep=keep, create=True, cleanup_tmp_directories=True,
         enable_async_checkpointing=async_save, async_options=async_options)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_names=STATE_ITEMS + ("meta",))
+
+  def _report_unfinished(self) -> None:
+    """One line for the saves cut short that orbax is about to remove."""
+    if not multihost.is_writer() or not self.directory.exists():
+      return
+    unfinished = sorted((p.name.split(".")[0] for p in self.directory.iterdir()
+                         if _UNFINISHED_SUFFIX in p.name), key=_step_order)
+    if unfinished:
+      _say(f"[ckpt] removing unfinished checkpoint(s) of step "
+           f"{', '.join(unfinished)} (saves cut short) in {self.directory}")
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -139,6 +155,11 @@ class Checkpointer:
         meta=ocp.args.JsonSave(meta), **items))
     if not self._async:
       self._prune_checksums()  # Orbax has deleted the oldest steps.
+
+  def check_for_errors(self) -> None:
+    """Raises a finished background save's error now (a full disk), not
+    at the next save, which may be the run's last."""
+    self.manager.check_for_errors()
 
   def _on_finalized(self) -> None:
     """Orbax's thread, once the pending step's items are written and before
@@ -329,6 +350,10 @@ def _all_agree(ok: bool) -> bool:
   if jax.process_count() == 1:
     return ok
   return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def _step_order(name: str):
+  return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
 def _say(line: str) -> None:

@@ -246,6 +246,7 @@ def train(runtime, batches, run_dir: str, hashes: dict, name: str,
         pending.append((done, n, device_metrics, norm_after, comm_bytes))
         while len(pending) > c.train.metrics_lag:
           drain(*pending.popleft())
+        ckpt.check_for_errors()
         saved = ckpt.should_save(done, num_steps)
         if saved:
           save(done)
