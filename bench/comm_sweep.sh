@@ -139,9 +139,11 @@
 #                         (64/4096, 136.5x): a module's change is up to
 #                         its 8 users' top-k together, so >= 100x both
 #                         ways needs uploads 8x sparser than SparseLoCo's
-# Planned (2026-12-04, after Elias-Fano indices, compression_index_code=
+# Fixed 2026-12-04 (after Elias-Fano indices, compression_index_code=
 # elias_fano, made the combined arm's bytes 60x both ways with the same
-# training; not run yet), the same command with NAMES=
+# training), run 2026-12-05 over 150 rounds (trained, not scored: a full
+# disk; rerun with --config.ckpt.every=2250
+# --config.ckpt.preemption_grace_s=110 in MODEL and GRACE=120), NAMES=
 #   combined_overlap2_topk32_8x_ef  combined_overlap2_topk8x_both at half
 #                         the upload's density (32/4096, 315x up) read
 #                         back at 8 x that (256/4096, 62x), Elias-Fano
