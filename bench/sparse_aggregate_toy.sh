@@ -138,6 +138,11 @@
 # workers' 40 together, at ~1.3 senders a kept coordinate, ~250 entries, so
 # the download still covers their union), up alone and read back:
 #   NAMES="topk40_senders topk40_down256_ef" bash bench/sparse_aggregate_toy.sh OUT
+# then (2026-12-05, fixed before the run, after 40/4096 read back at 6.4x
+# cost +41.3%): at half the density a coordinate waits about twice as long
+# to be sent, and the feedback's decay of 0.95 a round drops more of it on
+# the way; 32/4096 up with the feedback decayed by 0.98 and kept whole:
+#   NAMES="topk_half_senders_decay098 topk_half_senders_decay1" bash bench/sparse_aggregate_toy.sh OUT
 # Each layer's weight its own matrix (2026-12-04, fixed before the run):
 # every arm above took a slot's stacked layers [L, ...] as one matrix, so
 # all its layers shared one basis, where PowerSGD codes each weight alone
@@ -229,6 +234,8 @@ declare -A ARMS=(
   [topk_mean]="${topk[*]} --config.diloco.sparse_aggregate=mean"
   [topk_senders]="${senders[*]}"
   [topk_half_senders]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125"
+  [topk_half_senders_decay098]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 --config.diloco.error_feedback_decay=0.98"
+  [topk_half_senders_decay1]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 --config.diloco.error_feedback_decay=1.0"
   [topk_half_down8x_ef]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 ${down[*]} --config.diloco.download_topk_fraction=0.0625 --config.diloco.compression_index_code=elias_fano"
   [topk40_senders]="${senders[*]} --config.diloco.compression_topk_fraction=0.009765625"
   [topk40_down256_ef]="${senders[*]} --config.diloco.compression_topk_fraction=0.009765625 ${down[*]} --config.diloco.download_topk_fraction=0.0625 --config.diloco.compression_index_code=elias_fano"
