@@ -146,6 +146,9 @@
 # then, after both did worse (66.54 and 85.49 against 54.11 at 0.95), the
 # other way, decayed by 0.9 and 0.8:
 #   NAMES="topk_half_senders_decay09 topk_half_senders_decay08" bash bench/sparse_aggregate_toy.sh OUT
+# then, after 0.9 took the half density's cost from +8.5% to +2.0%, the
+# 103x-both-ways arm (read back at 8x, Elias-Fano indices) at that decay:
+#   NAMES="topk_half_down8x_ef_decay09" bash bench/sparse_aggregate_toy.sh OUT
 # Each layer's weight its own matrix (2026-12-04, fixed before the run):
 # every arm above took a slot's stacked layers [L, ...] as one matrix, so
 # all its layers shared one basis, where PowerSGD codes each weight alone
@@ -240,6 +243,7 @@ declare -A ARMS=(
   [topk_half_senders_decay098]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 --config.diloco.error_feedback_decay=0.98"
   [topk_half_senders_decay09]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 --config.diloco.error_feedback_decay=0.9"
   [topk_half_senders_decay08]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 --config.diloco.error_feedback_decay=0.8"
+  [topk_half_down8x_ef_decay09]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 --config.diloco.error_feedback_decay=0.9 ${down[*]} --config.diloco.download_topk_fraction=0.0625 --config.diloco.compression_index_code=elias_fano"
   [topk_half_senders_decay1]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 --config.diloco.error_feedback_decay=1.0"
   [topk_half_down8x_ef]="${senders[*]} --config.diloco.compression_topk_fraction=0.0078125 ${down[*]} --config.diloco.download_topk_fraction=0.0625 --config.diloco.compression_index_code=elias_fano"
   [topk40_senders]="${senders[*]} --config.diloco.compression_topk_fraction=0.009765625"
