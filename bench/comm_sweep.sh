@@ -149,6 +149,10 @@
 #                         back at 8 x that (256/4096, 62x), Elias-Fano
 #                         indices: about 104x both ways, between the arm
 #                         above (+3.67%) and the 8/4096 one
+#   combined_overlap2_topk32_8x_ef_decay09  the same with the feedback
+#                         decayed by 0.9 (fixed 2026-12-05 after the CPU
+#                         toy: +3.4% at 103x both ways against +13.7% at
+#                         0.95; not run yet)
 # The strided codec (2026-12-01, built after that: every worker sends the
 # same eighth of the entries a round, the round's phase, 2 bits each, no
 # indices, so the download is as thin as the upload; arms fixed before the
@@ -321,6 +325,7 @@ declare -A ARMS=(
   [combined_overlap2_topk_both]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk"
   [combined_overlap2_topk8x_both]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.download_compression=topk $d.download_topk_fraction=0.125"
   [combined_overlap2_topk32_8x_ef]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.95 $avg $d.compression_topk_fraction=0.0078125 $d.download_compression=topk $d.download_topk_fraction=0.0625 $d.compression_index_code=elias_fano"
+  [combined_overlap2_topk32_8x_ef_decay09]="$d.delay=overlap $d.overlap_steps=2 ${topkc/%=mean/=senders} $d.error_feedback_decay=0.9 $avg $d.compression_topk_fraction=0.0078125 $d.download_compression=topk $d.download_topk_fraction=0.0625 $d.compression_index_code=elias_fano"
   [combined_overlap2_topk_both100x]="$d.delay=overlap $d.overlap_steps=2 $d.compression=topk $d.compression_topk_chunk=4096 $d.compression_topk_fraction=0.001953125 $d.error_feedback=True $d.sparse_aggregate=senders $d.error_feedback_decay=0.95 $avg $d.download_compression=topk $d.download_topk_fraction=0.015625"
   [strided8_ef]="$strided8 $avg"
   [strided8_both]="$strided8 $avg $d.download_compression=strided"
