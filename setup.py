@@ -26,14 +26,16 @@ _EXTRAS = {
              "tensorflow-datasets==4.9.10", "seqio==0.0.20"],
     # gcp-storage-emulator: the local GCS of tests/test_gcs_emulator.py
     # (pinned: dipaco_jax/testing/gcs.py patches its handlers); gcsfs: what
-    # etils.epath reads and writes gs:// with.
+    # etils.epath reads and writes gs:// with (2025.2 or later: commit
+    # markers are created with pipe_file(mode="create"), dipaco_jax/store/
+    # object_store.py).
     "test": ["pytest>=8", "pytest-xdist>=3.5",
-             "gcp-storage-emulator==2026.7.19", "gcsfs>=2024.2"],
+             "gcp-storage-emulator==2026.7.19", "gcsfs>=2025.2.0"],
     # The documentation site (mkdocs.yml; CI builds it with --strict).
     "docs": ["mkdocs>=1.6", "mkdocstrings[python]>=0.26",
              "mkdocs-material>=9.5"],
     "tpu": ["jax[tpu]"],
-    "gcs": ["gcsfs"],
+    "gcs": ["gcsfs>=2025.2.0"],
 }
 
 setuptools.setup(

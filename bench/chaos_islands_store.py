@@ -88,6 +88,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import chaos_local  # pylint: disable=g-import-not-at-top,wrong-import-position
 from chaos_local import (  # pylint: disable=g-import-not-at-top,wrong-import-position
     Proc, _kill, lines, load_results, short, table, wait_for)
+from dipaco_jax.store import items  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _LIVE = chaos_local._LIVE  # pylint: disable=protected-access
 _STORES = set()  # Stores whose roles (own sessions) this script started
@@ -184,7 +185,7 @@ def committed(key: Path) -> bool:
 def chunk_files(key: Path) -> list[Path]:
   """A key's array data files (zarr chunks under item/ARRAY/), largest
   first."""
-  item = key / "item"
+  item = items.item_dir(key)
   files = [p for p in item.rglob("*") if p.is_file()
            and not p.name.startswith(".") and p.parent != item]
   return sorted(files, key=lambda p: (-p.stat().st_size, str(p)))

@@ -154,8 +154,10 @@ def test_module_round_trip_on_gs(bucket, emulator):
   # Orbax's item and the marker are objects in the emulator's bucket.
   names = emulator.object_names(bucket, "store/modules/embed/00001/v000007/")
   assert f"store/modules/embed/00001/v000007/{atomic.COMMIT_MARKER}" in names
-  assert any(n.startswith("store/modules/embed/00001/v000007/item/")
-             for n in names)
+  item = items.item_dir(items.module_dir(root, "embed", 1, 7))
+  assert item.parent.name.startswith("writer-")  # The writer's own.
+  item_prefix = str(item).removeprefix(f"gs://{bucket}/") + "/"
+  assert any(n.startswith(item_prefix) for n in names)
 
   got_params, got_opt, meta = items.load_module(
       root, "embed", 1, 7, _abstract(params), _abstract(opt_state))
@@ -194,7 +196,7 @@ def test_uncommitted_key_is_never_read_on_gs(bucket, emulator, monkeypatch):
   directory = items.module_dir(root, "embed", 0, 2)
   prefix = "store/modules/embed/00000/v000002/"
   leftover = emulator.object_names(bucket, prefix)
-  assert leftover and all(n.startswith(prefix + "item/") for n in leftover)
+  assert leftover and all(n.startswith(prefix + "writer-") for n in leftover)
 
   assert not atomic.is_committed(directory)
   assert items.committed_versions(root, "embed", 0) == [1]
@@ -203,9 +205,11 @@ def test_uncommitted_key_is_never_read_on_gs(bucket, emulator, monkeypatch):
     items.load_module(root, "embed", 0, 2, _abstract(params),
                       _abstract(opt_state))
 
-  # A new writer replaces the leftover and commits.
+  # A new writer commits under its own directory and leaves the leftover
+  # alone: it cannot tell a dead writer from a slow one.
   again, again_opt = _module(3.0)
   assert items.save_module(root, "embed", 0, 2, again, again_opt)
+  assert set(leftover) <= set(emulator.object_names(bucket, prefix))
   assert items.latest_version(root, "embed", 0) == 2
   loaded, _, _ = items.load_module(root, "embed", 0, 2, _abstract(again),
                                    _abstract(again_opt))

@@ -44,7 +44,7 @@ def _start(exp, tmp_path, rounds):
 
 def _flip(key) -> None:
   """Flips a bit in the largest data file of a committed key."""
-  files = [p for p in pathlib.Path(key, items.ITEM).rglob("*") if p.is_file()
+  files = [p for p in pathlib.Path(items.item_dir(key)).rglob("*") if p.is_file()
            and not p.name.startswith(".") and p.parent.name != "item"]
   path = max(files, key=lambda p: p.stat().st_size)
   data = bytearray(path.read_bytes())

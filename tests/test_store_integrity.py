@@ -23,7 +23,7 @@ def _like(tree):
 
 def _chunk(key, leaf="w"):
   """The data file of leaf `leaf` (one chunk: the arrays are small)."""
-  files = [p for p in (key / items.ITEM / leaf).iterdir()
+  files = [p for p in (items.item_dir(key) / leaf).iterdir()
            if not p.name.startswith(".")]
   assert len(files) == 1, files
   return files[0]

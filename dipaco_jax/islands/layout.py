@@ -54,6 +54,7 @@ from dipaco_jax.errors import UserError
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
 from dipaco_jax.store import link
+from dipaco_jax.store import object_store
 from dipaco_jax.train import preemption
 
 
@@ -135,11 +136,10 @@ def control_files(directory) -> list[epath.Path]:
 def read_json(path) -> dict | None:
   """A control file, or None when absent (or caught mid-replace on a store
   without atomic rename)."""
-  path = epath.Path(path)
   link.operation("read")
   try:
-    return json.loads(path.read_text())
-  except (FileNotFoundError, json.JSONDecodeError):
+    return json.loads(object_store.read_bytes(path).decode("utf-8"))
+  except (FileNotFoundError, ValueError):  # Absent, or not JSON (yet).
     return None
 
 
@@ -295,11 +295,11 @@ def key_bytes(directory) -> int:
   file, on gs://) and the marker itself; a key written without the count
   is walked."""
   link.operation("read")
-  text = (epath.Path(directory) / atomic.COMMIT_MARKER).read_text()
-  stored = json.loads(text).get("stored_bytes")
+  data = object_store.read_bytes(epath.Path(directory) / atomic.COMMIT_MARKER)
+  stored = json.loads(data.decode("utf-8")).get("stored_bytes")
   if stored is None:
     return directory_bytes(directory)
-  return stored + len(text.encode())
+  return stored + len(data)
 
 
 class ByteMeter:

@@ -74,13 +74,26 @@ def _request_path(run, key: Key) -> epath.Path:
 
 
 def report(run, error: integrity.DamagedKeyError, role: str, log) -> Key:
-  """Sets the damaged key aside and asks for it to be rebuilt; one line."""
+  """Sets the damaged key aside and asks for it to be rebuilt; one line.
+
+  Only the copy that was read is set aside (its writer's directory; the
+  whole key when its marker was unreadable), and only while the marker
+  still names it: a key another role has rebuilt since keeps its new
+  marker, and no writer's files but the damaged copy's are touched."""
   key = parse(run, error.key)
-  atomic.uncommit(error.key)
+  writer = error.writer
+  # A damaged copy read without a writer (its marker unreadable, or a key
+  # from before writer directories) is the key itself: uncommitted as is.
+  atomic.uncommit(error.key, only_if=None if writer is None else
+                  (lambda marker: marker.get("writer") == writer))
+  if atomic.is_committed(error.key):
+    log(f"damaged key {key.relative} ({error.reason}): already rebuilt")
+    return key
+  damaged = error.key / writer if writer else error.key
   link.operation("write")
-  if error.key.exists():
-    integrity.move_aside(error.key, epath.Path(run) / "damaged"
-                         / key.relative)
+  if damaged.exists():
+    integrity.move_aside(damaged, epath.Path(run) / "damaged"
+                         / key.relative / (writer or ""))
   atomic.write_json(_request_path(run, key), {
       "key": key.relative, "reason": error.reason, "by": role,
       "time": time.time()})

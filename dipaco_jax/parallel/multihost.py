@@ -53,6 +53,14 @@ def any_process(flag: bool) -> bool:
   return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
 
 
+def from_writer(x: np.ndarray) -> np.ndarray:
+  """`x` as process 0 has it, on every process (a collective with several:
+  every process must call it)."""
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  return np.asarray(multihost_utils.broadcast_one_to_all(x))
+
+
 def to_host(tree):
   """Host copies of (possibly sharded) global arrays; with several processes
   this is a collective, so every process must call it."""

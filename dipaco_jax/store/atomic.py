@@ -23,6 +23,14 @@ before its rename and its directory after; a directory of files
 policy (docs/reliability.md) says what each setting can lose. On `gs://` an
 upload returns once the object is stored durably, so there is nothing to
 sync and the setting changes nothing.
+
+A commit marker is *created*, never replaced (`commit`): on `gs://` an
+upload with the precondition `ifGenerationMatch=0`, locally a hard link of
+a complete file, each refused once the marker exists
+(`store/object_store.py`). Of writers racing on one key exactly one
+commits, and no committed key ever stops being committed while they race.
+Reads of small files (`read_commit`) are one request for the whole object,
+never answered from a cached listing.
 """
 
 import io
@@ -34,6 +42,7 @@ from etils import epath
 import numpy as np
 
 from dipaco_jax.store import link
+from dipaco_jax.store import object_store
 
 COMMIT_MARKER = "COMMITTED.json"
 
@@ -55,12 +64,8 @@ def set_fsync(on: bool) -> None:
   _durability["fsync"] = bool(on)
 
 
-def _is_object_store(path: epath.Path) -> bool:
-  return str(path).startswith(("gs://", "s3://"))
-
-
 def _syncs(path: epath.Path) -> bool:
-  return _durability["fsync"] and not _is_object_store(path)
+  return _durability["fsync"] and not object_store.is_object_store(path)
 
 
 def _sync(path) -> None:
@@ -72,10 +77,11 @@ def _sync(path) -> None:
     os.close(fd)
 
 
-def sync_tree(directory) -> None:
+def sync_tree(directory, parents: int = 1) -> None:
   """With `set_fsync(True)`, syncs every file and directory under
-  `directory`, then `directory` and its parent (so the key's entry is on
-  disk too); a no-op otherwise and on object stores."""
+  `directory`, then `directory` and its `parents` nearest parents (so the
+  entries that lead to it are on disk too: a writer's directory inside its
+  key takes 2); a no-op otherwise and on object stores."""
   directory = epath.Path(directory)
   if not _syncs(directory):
     return
@@ -85,7 +91,8 @@ def sync_tree(directory) -> None:
     for name in dirs:
       _sync(os.path.join(root, name))
   _sync(directory)
-  _sync(directory.parent)
+  for parent in list(directory.parents)[:parents]:
+    _sync(parent)
 
 
 def _temporary(path: epath.Path) -> epath.Path:
@@ -100,7 +107,7 @@ def write_bytes(path, data: bytes) -> None:
   path = epath.Path(path)
   link.operation("write")
   path.parent.mkdir(parents=True, exist_ok=True)
-  if _is_object_store(path):
+  if object_store.is_object_store(path):
     path.write_bytes(data)
     return
   tmp = _temporary(path)
@@ -130,7 +137,7 @@ def write_npz(path, **arrays: np.ndarray) -> None:
   half-way into an open object would still upload what it had written.
   """
   path = epath.Path(path)
-  if _is_object_store(path):  # write_bytes counts the operation.
+  if object_store.is_object_store(path):  # write_bytes counts the operation.
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     write_bytes(path, buffer.getvalue())
@@ -148,19 +155,47 @@ def write_npz(path, **arrays: np.ndarray) -> None:
     _sync(path.parent)
 
 
-def commit(directory, meta: dict) -> None:
-  """Marks `directory` complete; call only after everything in it is
-  written (and, for orbax, finalized)."""
-  write_json(epath.Path(directory) / COMMIT_MARKER, meta)
-
-
-def uncommit(directory) -> None:
-  """Deletes `directory`'s commit marker, before anything else in it: from
-  here on no reader takes the key for whole."""
+def commit(directory, meta: dict) -> bool:
+  """Marks `directory` complete, unless it already is; call only after
+  everything the marker vouches for is written (and, for orbax, finalized).
+  True if this call committed it; False if another writer's marker was
+  there first (left as it is: the first commit wins)."""
   marker = epath.Path(directory) / COMMIT_MARKER
+  link.operation("write")
+  data = json.dumps(meta, indent=1, sort_keys=True).encode("utf-8")
+  sync = os.fsync if _syncs(marker) else None
+  if object_store.create(marker, data, sync):
+    if sync is not None:
+      _sync(marker.parent)
+    return True
+  # A retried upload whose first try landed finds its own marker: a win.
+  try:
+    return read_commit(directory) == json.loads(data)
+  except ValueError:  # Someone's damaged marker: not ours.
+    return False
+
+
+def uncommit(directory, only_if=None) -> bool:
+  """Deletes `directory`'s commit marker, before anything else in it: from
+  here on no reader takes the key for whole. With `only_if` (a predicate on
+  the marker's metadata), only a marker it accepts is deleted: a reader
+  setting aside the damaged copy it read leaves alone a marker that another
+  writer has committed since. True if a marker was deleted."""
+  marker = epath.Path(directory) / COMMIT_MARKER
+  if only_if is not None:
+    try:
+      current = read_commit(directory)
+    except ValueError:  # Unreadable: damaged whoever wrote it, so deleted.
+      current = None
+    else:
+      if current is None or not only_if(current):
+        return False
   link.operation("delete")
-  if marker.exists():
+  try:
     marker.unlink()
+  except FileNotFoundError:
+    return False
+  return True
 
 
 def remove(directory) -> None:
@@ -183,6 +218,7 @@ def read_commit(directory) -> dict | None:
   on an object store a check before the read would be a second request)."""
   link.operation("read")
   try:
-    return json.loads((epath.Path(directory) / COMMIT_MARKER).read_text())
+    data = object_store.read_bytes(epath.Path(directory) / COMMIT_MARKER)
   except FileNotFoundError:
     return None
+  return json.loads(data.decode("utf-8"))

@@ -25,11 +25,13 @@ _STATUS_CODE = re.compile(r"[A-Z][A-Z_]+: ")
 class DamagedKeyError(RuntimeError):
   """A committed key whose bytes are not what its writer committed (a
   digest differs, a file is missing or unreadable). `key` is its
-  directory, `reason` one line saying what is wrong."""
+  directory, `reason` one line saying what is wrong, `writer` the writer
+  directory whose copy was read (`store/items.py`; None when the marker
+  itself is unreadable, or the key predates writer directories)."""
 
-  def __init__(self, key, reason: str):
+  def __init__(self, key, reason: str, writer: str | None = None):
     super().__init__(f"{key} is damaged: {reason}")
-    self.key, self.reason = epath.Path(key), reason
+    self.key, self.reason, self.writer = epath.Path(key), reason, writer
 
 
 def digest(x) -> str:

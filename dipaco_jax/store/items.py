@@ -8,12 +8,14 @@ directory that is local or on `gs://`:
 
 Each such key directory holds
 
-  item/            an orbax PyTree checkpoint of the tree
-  COMMITTED.json   the commit marker (`atomic.commit`), written last:
-                   {"meta": what the caller passed, "leaves": {keypath: shape},
-                    "dtypes": {keypath: dtype}, "digests": {keypath: sha256
-                    of the array's bytes}, "bytes": the arrays' size,
-                    "stored_bytes": the size of the files written before it}
+  {writer}/item/   an orbax PyTree checkpoint of the tree, under a directory
+                   of its writer's own (`writer-{pid}-{random}`)
+  COMMITTED.json   the commit marker (`atomic.commit`), created last and
+                   once: {"writer": the directory readers read, "meta":
+                   what the caller passed, "leaves": {keypath: shape},
+                   "dtypes": {keypath: dtype}, "digests": {keypath: sha256
+                   of the array's bytes}, "bytes": the arrays' size,
+                   "stored_bytes": the size of the writer's files}
 
 Readers read only committed keys: loading an uncommitted one raises
 `NotCommittedError` and `committed_*` / `latest_*` skip it. Every read is
@@ -21,11 +23,21 @@ verified: a leaf whose bytes differ from its digest, or an item orbax
 cannot read (a file missing, truncated or overwritten), raises
 `integrity.DamagedKeyError` naming the key; what to do about it is the
 caller's (the island roles rebuild it, `islands/repair.py`). Keys written
-before digests existed load unverified. Saving over an
-uncommitted leftover (a writer killed before its marker) removes it and
-writes afresh. A committed key is immutable: saving it again is a no-op that
-returns False (the first commit wins), so a job re-run after a crash cannot
-corrupt what readers may already hold.
+before digests existed load unverified; keys written before writer
+directories (their item at `KEY/item`, no "writer" in the marker) load as
+ever.
+
+A committed key is immutable, and of writers racing on one key exactly one
+commits (the marker's creation is atomic, `store/object_store.py`): each
+writes under its own directory, so none ever deletes or overwrites what
+another may be writing or has committed; a writer that finds the key
+committed before it starts returns False at once, one that loses the race
+at the marker removes its own directory and returns False. A writer killed
+before its marker leaves its directory behind, never read; it goes with
+the key (the island runtime's collector deletes whole keys once no one
+reads them). A rebuilt key (`islands/repair.py`) is a new writer's
+directory too, so no array path is ever written twice, and no cache keyed
+by path (tensorstore's, a file system's) can answer for it.
 
 `save_tree` / `load_tree` are the generic pair the others are built on (the
 early-stopping snapshots use them directly). `module_of` / `put_module` and
@@ -34,7 +46,9 @@ training state and put it back, for the island and the SPMD runtimes alike.
 """
 
 import inspect
+import os
 import re
+import uuid
 
 from absl import logging
 from etils import epath
@@ -141,6 +155,26 @@ def _restore_arg(leaf, saved_dtype: str | None = None):
   return ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype)
 
 
+def _writer_name(collective: bool) -> str:
+  """A directory name of this write alone (every process of a collective
+  save takes process 0's)."""
+  token_4 = np.frombuffer(uuid.uuid4().bytes, np.uint32)
+  if collective and jax.process_count() > 1:
+    token_4 = multihost.from_writer(token_4)
+  return f"writer-{os.getpid()}-{token_4.astype(np.uint32).tobytes().hex()[:16]}"
+
+
+def item_dir(directory, marker: dict | None = None) -> epath.Path:
+  """Where the committed item of key `directory` is: under the writer its
+  marker names (`marker`, or read here), or, for a key written before
+  writer directories, `KEY/item`."""
+  directory = epath.Path(directory)
+  if marker is None:
+    marker = _marker(directory)
+  writer = marker.get("writer")
+  return (directory / writer / ITEM) if writer else directory / ITEM
+
+
 def save_tree(directory, tree, meta: dict | None = None, *,
               collective: bool = False) -> bool:
   """Saves `tree` as the orbax item of `directory`, then commits it.
@@ -154,7 +188,9 @@ def save_tree(directory, tree, meta: dict | None = None, *,
       globally sharded arrays); process 0 writes the marker.
 
   Returns:
-    True if written, False if `directory` was already committed (unchanged).
+    True if this call committed it; False if `directory` was committed
+    already, or by another writer first (the key is then unchanged, and
+    this call's own files are gone).
   """
   directory = atomic.absolute(directory)
   if atomic.is_committed(directory):
@@ -168,33 +204,34 @@ def save_tree(directory, tree, meta: dict | None = None, *,
       raise ValueError(f"Leaves {bad[:5]} span other processes: gather them "
                        "to the host first or pass collective=True.")
   writes = not collective or multihost.is_writer()
-  if writes:
-    link.operation("exists")
-  if writes and directory.exists():
-    logging.warning("Removing %s: an uncommitted leftover of an earlier "
-                    "writer.", directory)
-    link.operation("delete")
-    directory.rmtree()
-  if collective:
-    multihost.barrier(f"store_clean:{directory}")
+  writer = _writer_name(collective)
   # Hashed from the host copy before the write: what the writer meant,
   # whatever the disk then does with it.
   digests = (integrity.tree_digests(jax.device_get(tree), True) if writes
              else None)
   with link.transfer(_nbytes(tree), "put"), _checkpointer(collective) as (
       checkpointer):
-    checkpointer.save(directory / ITEM, args=ocp.args.PyTreeSave(
+    checkpointer.save(directory / writer / ITEM, args=ocp.args.PyTreeSave(
         tree, save_args=jax.tree.map(_chunked, tree)))
+  won = writes  # Every other process of a collective save learns it below.
   if writes:
-    atomic.sync_tree(directory)  # With set_fsync: data before its marker.
-    atomic.commit(directory, {"meta": meta or {}, "leaves": _shapes(tree),
-                              "dtypes": _dtypes(tree), "digests": digests,
-                              "bytes": _nbytes(tree),
-                              "stored_bytes": directory_bytes(directory)})
+    # With set_fsync: the data, and the key's own entry, before the marker.
+    atomic.sync_tree(directory / writer, parents=2)
+    won = atomic.commit(directory, {
+        "writer": writer, "meta": meta or {}, "leaves": _shapes(tree),
+        "dtypes": _dtypes(tree), "digests": digests,
+        "bytes": _nbytes(tree),
+        "stored_bytes": directory_bytes(directory / writer)})
+    if not won:
+      logging.info("%s was committed by another writer first; removing "
+                   "this writer's copy (%s).", directory, writer)
+      link.operation("delete")
+      (directory / writer).rmtree()
   if collective:
     # No process returns before the marker exists.
     multihost.barrier(f"store_commit:{directory}")
-  return True
+    won = multihost.any_process(won)
+  return won
 
 
 def _marker(directory) -> dict:
@@ -242,8 +279,8 @@ def load_tree(directory, like):
       lambda k, leaf: _restore_arg(leaf, saved.get(jax.tree_util.keystr(k))),
       like)
   with link.transfer(_nbytes(like), "get"):
-    tree = _restore(directory, ocp.args.PyTreeRestore(item=like,
-                                                      restore_args=args))
+    tree = _restore(directory, marker, ocp.args.PyTreeRestore(
+        item=like, restore_args=args))
   _verify(directory, tree, marker)
   if saved:  # Read as saved to verify the bytes; now as the target asks.
     tree = jax.tree.map(lambda x, want: x if x.dtype == want.dtype
@@ -259,23 +296,25 @@ def load_saved(directory):
   directory = atomic.absolute(directory)
   marker = _marker(directory)
   with link.transfer(marker.get("bytes", 0), "get"):
-    tree = _restore(directory, None)
+    tree = _restore(directory, marker, None)
   _verify(directory, tree, marker)
   return tree, marker["meta"]
 
 
-def _restore(directory: epath.Path, args):
+def _restore(directory: epath.Path, marker: dict, args):
   """Orbax's restore of the key's item; any failure of a committed item
   to read is damage (orbax and tensorstore raise many types, ValueError,
   OSError, KeyError..., for a missing, truncated or overwritten file)."""
+  item = item_dir(directory, marker)
   try:
     with _checkpointer(collective=False) as checkpointer:
       if args is None:
-        return checkpointer.restore(directory / ITEM)
-      return checkpointer.restore(directory / ITEM, args=args)
+        return checkpointer.restore(item)
+      return checkpointer.restore(item, args=args)
   except Exception as e:  # pylint: disable=broad-exception-caught
     raise integrity.DamagedKeyError(
-        directory, f"unreadable ({integrity.first_line(e)})") from e
+        directory, f"unreadable ({integrity.first_line(e)})",
+        marker.get("writer")) from e
 
 
 def _verify(directory: epath.Path, tree, marker: dict) -> None:
@@ -285,7 +324,7 @@ def _verify(directory: epath.Path, tree, marker: dict) -> None:
   bad = integrity.mismatches(
       integrity.tree_digests(jax.device_get(tree), True), want)
   if bad:
-    raise integrity.DamagedKeyError(directory, bad)
+    raise integrity.DamagedKeyError(directory, bad, marker.get("writer"))
 
 
 def directory_bytes(directory) -> int:

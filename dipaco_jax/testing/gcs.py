@@ -35,6 +35,10 @@ updates depend on, so it is started through this module
   uploads and deletes (412, or 304 for a read whose generation did not
   change), which OCDBT uses for its compare-and-swap of the manifest.
 
+It also keeps a request log (`Emulator.requests`): one JSON line per request
+the server answered, its time, method, path and query, so a test can count
+a run's store operations as GCS would bill them, not as the client says.
+
 These patches touch the emulator's internals, so its version is pinned in
 setup.py; if its handlers change, the launcher fails at start, loudly.
 
@@ -107,6 +111,27 @@ class Emulator:
     # The emulator filters by prefix; check anyway, it is cheap.
     return sorted(n for n in names if n.startswith(prefix))
 
+  @property
+  def request_log(self) -> str:
+    return os.path.join(self.workdir, REQUEST_LOG)
+
+  def requests(self) -> list[dict]:
+    """Every request answered so far: {"time", "method", "path", "query",
+    "kind"} (`request_kind`), in order."""
+    try:
+      with open(self.request_log) as f:
+        lines = f.read().splitlines()
+    except FileNotFoundError:
+      return []
+    rows = []
+    for line in lines:
+      try:
+        row = json.loads(line)
+      except ValueError:  # A line being written.
+        continue
+      rows.append({**row, "kind": request_kind(row)})
+    return rows
+
   def stop(self) -> None:
     """Ends the emulator process (and only it) and removes its workdir."""
     if self.process.poll() is None:
@@ -119,6 +144,28 @@ class Emulator:
     shutil.rmtree(self.workdir, ignore_errors=True)
     if self in _running:
       _running.remove(self)
+
+
+REQUEST_LOG = "requests.jsonl"
+
+
+def request_kind(row: dict) -> str:
+  """What a logged request did, in GCS's own terms: `read` (an object's
+  bytes), `stat` (an object's or bucket's metadata), `list`, `write` (an
+  upload), `delete`, or `other`."""
+  method, path, query = row["method"], row["path"], row.get("query", {})
+  if method == "DELETE":
+    return "delete"
+  if method in ("POST", "PUT") and (path.startswith("/upload/")
+                                    or "uploadType" in query):
+    return "write"
+  if method == "GET":
+    if path.startswith("/download/") or query.get("alt") == ["media"]:
+      return "read"
+    if path.rstrip("/").endswith("/o"):
+      return "list"
+    return "stat"
+  return "other"
 
 
 def _free_port() -> int:
@@ -200,6 +247,11 @@ def client_env(emulator: Emulator) -> dict[str, str]:
       "GOOGLE_AUTH_TOKEN_FOR_TESTING": _TESTING_TOKEN,  # tensorstore auth
       "TENSORSTORE_GCS_REQUEST_CONCURRENCY": "4",   # a one-thread server
       "EPATH_USE_TF": "0",                          # epath: fsspec, not gfile
+      # For processes started with this environment (in this one
+      # `clients_pointed_at` sets the same): anonymous gcsfs, and its plain
+      # HTTP filesystem class (the module docstring).
+      "FSSPEC_GCS_TOKEN": "anon",
+      "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
   }
 
 
@@ -358,8 +410,28 @@ def _patch_emulator() -> None:
   objects.insert = replace[objects.insert]
 
 
+def _log_requests(log_path: str) -> None:
+  """Appends each request the emulator routes to `log_path` (one JSON line,
+  written whole before the response is sent)."""
+  from gcp_storage_emulator import server  # pylint: disable=g-import-not-at-top
+  log = open(log_path, "a", buffering=1)  # pylint: disable=consider-using-with
+  handle = server.Router.handle
+
+  def logged(router, method):
+    request = router._request_handler  # pylint: disable=protected-access
+    method = request.headers.get("x-http-method-override") or method
+    url = urllib.parse.urlsplit(request.path)
+    log.write(json.dumps({"time": time.time(), "method": method,
+                          "path": url.path,
+                          "query": urllib.parse.parse_qs(url.query)}) + "\n")
+    return handle(router, method)
+
+  server.Router.handle = logged
+
+
 def _serve(port: int) -> None:
   _patch_emulator()
+  _log_requests(os.path.join(os.getcwd(), REQUEST_LOG))
   from gcp_storage_emulator import __main__ as emulator_main  # pylint: disable=g-import-not-at-top
   emulator_main.main(["start", "--host", "127.0.0.1", "--port", str(port),
                       "--in-memory", "--quiet"])
