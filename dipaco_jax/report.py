@@ -7,6 +7,7 @@ from absl import logging
 from etils import epath
 import numpy as np
 
+from dipaco_jax import figures
 from dipaco_jax.parallel import multihost
 from dipaco_jax.store import atomic
 from dipaco_jax.train import metrics as metrics_lib
@@ -137,19 +138,12 @@ def scaling_rows(results) -> list[tuple[str, dict, dict]]:
 
 
 def _plt():
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  return plt
+  return figures.pyplot()
 
 
 def _save(fig, workdir, filename) -> str:
-  out = epath.Path(workdir) / "plots"
-  out.mkdir(parents=True, exist_ok=True)
   fig.tight_layout()
-  fig.savefig(out / filename, dpi=120)
-  _plt().close(fig)
-  return str(out / filename)
+  return str(figures.save(fig, epath.Path(workdir) / "plots" / filename))
 
 
 def plot_losses(workdir, run_names, filename="loss.png",

@@ -73,6 +73,10 @@ _WORKER_DOWNLOAD_CACHE = flags.DEFINE_float(
 _LEASE_TIMEOUT = flags.DEFINE_float(
     "lease_timeout_s", 20.0, "A worker whose heartbeat is this old loses "
     "its task.", lower_bound=1.0)
+_ROLE_LOG_DIR = flags.DEFINE_string(
+    "role_log_dir", "", "Where the local roles' output files go; default: "
+    "{store}/logs, or for a gs:// workdir a directory under this machine's "
+    "temporary directory named after the store (printed at start).")
 
 
 def main(argv):
@@ -90,6 +94,7 @@ def main(argv):
       inner_state_every=_INNER_STATE_EVERY.value,
       store_fsync=_STORE_FSYNC.value,
       download_cache_mb=_WORKER_DOWNLOAD_CACHE.value,
+      log_dir=_ROLE_LOG_DIR.value,
       slowdown_s={w: float(t) for w, t in (
           item.split(":") for item in _SLOW_WORKERS.value)})
   main_lib.main(argv, islands=options)

@@ -331,6 +331,7 @@ def serve(run, poll_s: float = 0.05, timeout_s: float = 24 * 3600.0) -> None:
   coordinator = Coordinator(run, spec, log, before_done=loop.save,
                             collect_in_background=True)
   deadline = time.monotonic() + timeout_s
+  poll_s = layout.poll_interval(run, poll_s)
   while True:
     loop.start()
     if layout.is_done(run):

@@ -352,6 +352,7 @@ def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
   likes_of = module_likes(spec)
   loop = timeline.LoopOps(run, role)
   deadline = time.monotonic() + timeout_s
+  poll_s = layout.poll_interval(run, poll_s)
   next_repair = 0.0
   # Its units finished, it stays until the run is done: a task re-run on
   # a damaged key may still read (and need rebuilt) one of their versions.

@@ -59,6 +59,9 @@ class IslandOptions:
   inner_state_every: int = 1  # Commit AdamW states every K rounds.
   # Each local worker's --download_cache_mb; None: the worker's default.
   download_cache_mb: float | None = None
+  # The roles' output files; "": {store}/logs, or for a gs:// store a local
+  # directory named after it (roles.log_dir).
+  log_dir: str = ""
 
 
 def write_version_zero(run, runtime, init_bank, seed: int) -> None:
@@ -347,7 +350,8 @@ def train_experiment(exp, options: IslandOptions, init_bank=None,
       write_version_zero(run, exp.runtime, init_bank, c.seed)
     spec.save(run)
     log(f"{len(spec.groups())} tasks per round x {spec.num_rounds} rounds, "
-        f"{options.num_workers} workers; store {run}")
+        f"{options.num_workers} workers; store {run}, role logs in "
+        f"{roles_lib.log_dir(run, options)}")
     if not layout.is_done(run):
       num_units = sum(s.num_experts * units_lib.slot_stages(
           s, units_lib.num_stages(c)) for s in exp.topology.slots)

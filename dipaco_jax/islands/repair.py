@@ -91,14 +91,16 @@ def report(run, error: integrity.DamagedKeyError, role: str, log) -> Key:
     return key
   damaged = error.key / writer if writer else error.key
   link.operation("write")
-  if damaged.exists():
-    integrity.move_aside(damaged, epath.Path(run) / "damaged"
-                         / key.relative / (writer or ""))
+  where = "set aside under damaged/"
+  if damaged.exists() and integrity.move_aside(
+      damaged, epath.Path(run) / "damaged" / key.relative
+      / (writer or "")) is None:
+    where = "deleted (not renamable here)"
   atomic.write_json(_request_path(run, key), {
       "key": key.relative, "reason": error.reason, "by": role,
       "time": time.time()})
-  log(f"damaged key {key.relative} ({error.reason}): set aside under "
-      "damaged/, rebuilding it")
+  log(f"damaged key {key.relative} ({error.reason}): {where}, rebuilding "
+      "it")
   return key
 
 

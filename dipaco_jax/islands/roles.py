@@ -6,12 +6,14 @@ environment and GPU, started, restarted when it dies, and stopped.
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from etils import epath
 
 from dipaco_jax.errors import UserError
 from dipaco_jax.islands import layout
+from dipaco_jax.store import object_store
 
 
 class IslandError(RuntimeError):
@@ -82,13 +84,27 @@ def worker_gpu(i: int, gpus_per_machine: int, visible) -> str:
   return ids[index].strip()
 
 
+def log_dir(run, options) -> epath.Path:
+  """Where the launcher's roles write their output: `options.log_dir`, else
+  `{run}/logs` for a local store, else a directory of this machine's named
+  after the store (a process's output is appended to as it runs, which an
+  object can not be)."""
+  if options.log_dir:
+    return epath.Path(options.log_dir)
+  if not object_store.is_object_store(run):
+    return epath.Path(run) / "logs"
+  scheme, _, rest = str(run).partition("://")
+  return epath.Path(tempfile.gettempdir(), "dipaco_jax_island_logs",
+                    scheme, rest)
+
+
 def make_roles(run, options, num_modules: int) -> list[Role]:
   """The roles of a run with `options` (launcher.IslandOptions).
   `num_modules`: the run's units (`islands/units.py`), the most
   executors that have work."""
   env = _role_env()
   cpu_env = {**env, "JAX_PLATFORMS": "cpu"}  # Executors: elementwise work.
-  logs = epath.Path(run) / "logs"
+  logs = log_dir(run, options)
   roles = [Role("coordinator", role_command("coordinator", run),
                 logs / "coordinator.log", cpu_env)]
   for i in range(options.num_workers):

@@ -29,6 +29,7 @@ import time
 import jax
 import numpy as np
 
+from dipaco_jax import figures
 from dipaco_jax.islands import delayed
 from dipaco_jax.islands import layout
 from dipaco_jax.store import atomic
@@ -175,9 +176,7 @@ def plot_parts(phases: dict) -> list[tuple[str, float]]:
 
 def plot(run, path) -> None:
   """One row per worker, one bar per task (split into its phases)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = figures.pyplot()
   tasks = worker_tasks(run)
   starts = [t["start"] for rows in tasks.values() for t in rows]
   if not starts:
@@ -201,6 +200,4 @@ def plot(run, path) -> None:
   ax.set_title("island tasks: read, compute, upload, wait for the outer step")
   ax.legend(loc="upper right", fontsize=7)
   fig.tight_layout()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  figures.save(fig, path)

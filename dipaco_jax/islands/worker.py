@@ -51,6 +51,7 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   (0: no limit)."""
   spec = layout.RunSpec.load(run, timeout_s=max_idle_s)
   spec.use_store()
+  poll_s = layout.poll_interval(run, poll_s)
   log = lambda msg: print(f"[worker {worker_id}] {msg}", flush=True)
   meter = layout.ByteMeter(run, f"worker-{worker_id}")
   runner = runner_lib.TaskRunner(run, spec, meter, slowdown_s, log, trace_dir=(
