@@ -22,13 +22,24 @@ named as its slot.)
   RUN/control/heartbeat/{worker_id}.json worker -> coordinator: alive, task
   RUN/control/coordinator.json           the coordinator's own heartbeat
   RUN/control/bytes/{role_id}.json       bytes a role wrote and read, per round
+  RUN/control/stats/{role_id}.json       a worker's task phases, an executor's
+                                         outer steps (`islands/timeline.py`)
+  RUN/control/ops/{role}.json            a role's store operations by kind
+  RUN/control/repair/{key, / as __}.json a damaged key to rebuild: any reader
+                                         may write it (all write the same
+                                         request), its rebuilder deletes it
+  RUN/TRAINED.json                       the launcher's, once it read back the
+                                         final modules
   RUN/DONE.json                          written by the coordinator last
 
 Array keys are `store.items` trees behind commit markers: a committed key is
 immutable and an uncommitted one is never read, so a role killed anywhere
 loses at most its unfinished write, and re-running a task writes the same
-bytes (the first commit wins). Each control file has exactly one writer,
-which matters on object stores (no atomic rename, no locks).
+bytes (the first commit wins, by a create-once marker:
+`store/object_store.py`). Each control file has exactly one writer (the
+role named in its file name; `spec.json` and `TRAINED.json` the launcher),
+which matters on object stores (no atomic rename, no locks): a file's one
+writer replaces it whole, so a reader sees its old or its new bytes.
 
 Version n of a module is the one round n starts from; round r's outer step
 turns version r into r + 1 from the users' round-r contributions. Its
