@@ -7,7 +7,9 @@
 #   TPU_PREFIX=dipaco NUM_SLICES=4 ZONE=us-central2-b \
 #   WORKDIR=gs://BUCKET/dipaco_16x16 RUNS="dipaco" \
 #   bash launch/tpu_islands.sh workers
-#   # 2. On the CPU VM (same WORKDIR; --num_workers=0: no local workers):
+#   # 2. On the CPU VM (same WORKDIR; --num_workers=0: no local workers;
+#   #    the gcs extra, gcsfs, is what every role reads gs:// with):
+#   pip install -e '.[data,gcs]'
 #   python -m dipaco_jax.islands --config=experiments/paper_dipaco_16x16_c4.py \
 #       --workdir=gs://BUCKET/dipaco_16x16 --num_workers=0 --paths_per_task=16
 #
@@ -38,6 +40,6 @@ for i in $(seq 0 $((NUM_SLICES - 1))); do
   gcloud compute tpus tpu-vm ssh "$name" --zone="$ZONE" --worker=all \
     --command="set -e; mkdir -p ~/dipaco_jax && cd ~/dipaco_jax && \
       tar xzf ~/dipaco_jax_src.tgz && python3 -m venv ~/venv && \
-      . ~/venv/bin/activate && pip install -q -e '.[tpu,data]' && \
+      . ~/venv/bin/activate && pip install -q -e '.[tpu,data,gcs]' && \
       nohup bash -c '$serve' > ~/worker.log 2>&1 &"
 done

@@ -28,9 +28,12 @@ pytest.importorskip("gcsfs")
 from etils import epath
 from etils.epath import backend as epath_backend
 
+from dipaco_jax import errors
+from dipaco_jax.islands import layout
 from dipaco_jax.testing import gcs as testing_gcs
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
+from dipaco_jax.store import object_store
 # pylint: enable=g-import-not-at-top
 
 
@@ -232,3 +235,26 @@ def test_committed_key_is_immutable_on_gs(bucket, emulator):
                                       _abstract(first_opt))
   _assert_equal(params, first)
   assert meta == {"by": 1}
+
+
+def test_a_store_that_could_read_stale_listings_is_refused(bucket, monkeypatch):
+  import fsspec.config  # pylint: disable=g-import-not-at-top
+  run = f"gs://{bucket}/run"
+  object_store.check_fresh(run)  # As the package configures gcsfs.
+  # A user's fsspec configuration turning the listing cache back on.
+  for protocol in ("gs", "gcs"):
+    monkeypatch.setitem(fsspec.config.conf, protocol, {
+        **fsspec.config.conf.get(protocol, {}), "use_listings_cache": True})
+  testing_gcs.reset_client_caches()
+  with pytest.raises(errors.UserError, match=(
+      f"^{run}: gcsfs was set up with its listing cache on "
+      r"\(use_listings_cache\).*remove the setting")):
+    layout.RunSpec.load(run, timeout_s=0)
+  # No gcsfs at all: named with the extra that installs it.
+  monkeypatch.setattr(object_store.importlib.util, "find_spec",
+                      lambda name: None)
+  with pytest.raises(errors.UserError, match=(
+      rf"^{run}: gs:// stores are read through gcsfs, which is not "
+      r"installed: pip install -e '\.\[gcs\]'$")):
+    object_store.check_fresh(run)
+  object_store.check_fresh("/a/local/store")  # Never refused.

@@ -231,6 +231,7 @@ class RunSpec:
             for start in range(0, num_workers, size)]
 
   def save(self, run) -> None:
+    object_store.check_fresh(run)
     atomic.write_json(epath.Path(run) / "spec.json",
                       dataclasses.asdict(self))
 
@@ -238,6 +239,7 @@ class RunSpec:
   def load(cls, run, timeout_s: float = 600.0) -> "RunSpec":
     """The run's spec, waiting (bounded) for the launcher to write it;
     raises UserError when the store was written by other code."""
+    object_store.check_fresh(run)
     path = epath.Path(run) / "spec.json"
     deadline = time.monotonic() + timeout_s
     while (spec := read_json(path)) is None:

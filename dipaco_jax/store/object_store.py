@@ -38,6 +38,8 @@ import uuid
 
 from etils import epath
 
+from dipaco_jax.errors import UserError
+
 OBJECT_STORE_SCHEMES = ("gs://", "s3://")
 _GCS_PROTOCOLS = ("gs", "gcs")
 
@@ -86,16 +88,20 @@ def _filesystem(path):
 
 
 def check_fresh(path) -> None:
-  """Raises RuntimeError if reads of `path` could be answered from a
-  listing cache (a filesystem made with one, despite `configure`)."""
-  if not is_object_store(path):
+  """Raises UserError unless reads of `path` are answered by the store
+  itself: on gs://, gcsfs installed and made without its listing cache
+  (module doc). The island roles call it on their store at start."""
+  if not str(path).startswith("gs://"):
     return
+  if importlib.util.find_spec("gcsfs") is None:
+    raise UserError(f"{path}: gs:// stores are read through gcsfs, which is "
+                    "not installed: pip install -e '.[gcs]'")
   fs, _ = _filesystem(path)
   if getattr(fs.dircache, "use_listings_cache", False):
-    raise RuntimeError(
+    raise UserError(
         f"{path}: gcsfs was set up with its listing cache on "
-        "(use_listings_cache); the store needs fresh listings across "
-        "processes. Remove the setting from the fsspec configuration.")
+        "(use_listings_cache), so other processes' writes would go unseen: "
+        "remove the setting from the fsspec configuration.")
 
 
 def read_bytes(path) -> bytes:
