@@ -9,13 +9,15 @@ A model directory holds
   params/      the parameters: an orbax PyTree checkpoint of plain nested
                dicts of float32 arrays, the tree of
                `transformer.PathTransformer` (`store.items`: the item in
-               params/item/, then its commit marker, which holds the
-               sha256 of every array's bytes)
+               params/writer-PID-TOKEN/item/, then its commit marker
+               params/COMMITTED.json, which names that writer and holds
+               the sha256 of every array's bytes)
   spm.model    the SentencePiece tokenizer it was trained with
 
 `load_model(DIR)` reads it back; without this loader,
-`orbax.checkpoint.PyTreeCheckpointer().restore(DIR/params/item)` gives the
-parameter tree, and `PathTransformer(ModelDims(**model), segments)` the
+`orbax.checkpoint.PyTreeCheckpointer().restore(DIR/params/WRITER/item)`
+(WRITER: the marker's "writer"; exports before writer directories:
+`DIR/params/item`) gives the parameter tree, and `PathTransformer(ModelDims(**model), segments)` the
 model. With stacked layers (`model.scan_layers`, the default) a path's
 layer slots are gathered into one stack, the dense model's layout; with
 unstacked layers they keep their slots.
