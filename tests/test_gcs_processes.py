@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -36,25 +35,14 @@ from dipaco_jax.store import integrity
 from dipaco_jax.store import items
 from dipaco_jax.store import object_store
 from dipaco_jax.testing import gcs as testing_gcs
+# The emulator (one per module) and a fresh bucket a test.
+from test_gcs_emulator import bucket  # pylint: disable=unused-import
+from test_gcs_emulator import emulator  # pylint: disable=unused-import
 # pylint: enable=g-import-not-at-top
 
 _PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "store_probe.py")
 _ANSWER_TIMEOUT_S = 120.0  # A probe's import of JAX and orbax on 2 cores.
-
-
-@pytest.fixture(scope="module")
-def emulator():
-  with testing_gcs.running(timeout=60) as emulator:
-    yield emulator
-
-
-@pytest.fixture
-def bucket(emulator):
-  name = f"dipaco-{uuid.uuid4().hex[:12]}"
-  emulator.create_bucket(name)
-  with testing_gcs.clients_pointed_at(emulator):
-    yield name
 
 
 class _Probe:
