@@ -83,15 +83,16 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", float(
 # workers, instead of one worker finishing a long test alone at the end.
 # Only the order changes; every test runs.
 _LONG_MODULES = ("test_islands_gcs.py", "test_multihost.py",
-                 "test_pipeline.py", "test_islands_processes.py", "test_islands.py",
-                 "test_islands_replay.py", "test_islands_repair.py",
+                 "test_pipeline.py", "test_islands_processes.py",
+                 "test_islands.py", "test_islands_replay.py", "test_islands_repair.py",
                  "test_results_rerun.py",
                  "test_gcs_emulator.py", "test_gcs_processes.py",
                  "test_delay.py", "test_overlap.py",
                  "test_download.py", "test_dense_scaling.py",
                  "test_pipelined.py", "test_merged_slots.py",
                  "test_dispatch.py", "test_hlo_kernels.py",
-                 "test_contribution_fidelity.py", "test_train.py")
+                 "test_contribution_fidelity.py", "test_train.py",
+                 "test_sharded_checkpoint.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -13,6 +13,7 @@ Code run by `first_on_writer` must not run computations over the global mesh
 (only process 0 would join them): it works on host arrays.
 """
 
+import json
 from typing import Callable, TypeVar
 
 import jax
@@ -59,6 +60,21 @@ def from_writer(x: np.ndarray) -> np.ndarray:
   if jax.process_count() == 1:
     return np.asarray(x)
   return np.asarray(multihost_utils.broadcast_one_to_all(x))
+
+
+def all_gather_json(value) -> list:
+  """`value` (JSON-serializable) of every process, in process order (a
+  collective with several: every process must call it). Each process holds
+  all of them: for small things, such as digests, never arrays."""
+  if jax.process_count() == 1:
+    return [value]
+  data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.int64(data.size)))
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:data.size] = data
+  rows = np.asarray(multihost_utils.process_allgather(padded))
+  return [json.loads(rows[i, :size].tobytes().decode("utf-8"))
+          for i, size in enumerate(sizes)]
 
 
 def to_host(tree):

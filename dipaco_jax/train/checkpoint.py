@@ -16,8 +16,13 @@ save also writes the sha256 of each saved array (keyed by its tree path,
 `jax.tree_util.keystr`) and of the meta item, in a sidecar
 `checkpoints/checksums/{step}.json`:
 
-* The digests are hashed from the host copy of the state being saved, on a
-  background thread, so the async save stays async. The sidecar is written
+* The digests are keyed by array and region (`store/shard_digests.py`).
+  A single process hashes the host copy of the state being saved, whole,
+  on a background thread, so the async save stays async. With several
+  processes each hashes only the shards it holds, one at a time, before
+  the save returns, and only the digests are gathered: no process holds
+  more of the state than its own shards, at a save or a restore (a
+  restore checks each process's own regions, and all fall back alike). The sidecar is written
   by orbax's post-finalization callback: after every item of the step is
   on disk but BEFORE orbax commits the step (renames it to its final name /
   writes its commit marker). So a committed step always has its sidecar; a
@@ -50,11 +55,17 @@ import orbax.checkpoint as ocp
 from dipaco_jax.parallel import multihost
 from dipaco_jax.store import atomic
 from dipaco_jax.store import integrity
+from dipaco_jax.store import shard_digests
 
 STATE_ITEMS = ("inner", "outer")
 # Orbax's name for a step being written: `{step}.orbax-checkpoint-tmp...`.
 _UNFINISHED_SUFFIX = ".orbax-checkpoint-tmp"
 CHECKSUMS_DIR = "checksums"
+# Unbounded, orbax reads every shard of an item before it places them on
+# the devices: a process's share of the item on the host twice (measured
+# with 2 processes on CPU: docs/reliability.md, "Checkpoints"). Bounded,
+# the host holds this much more at most, whatever the state's size.
+RESTORE_IN_FLIGHT_BYTES = 128 << 20
 DAMAGED_DIR = "damaged"
 
 
@@ -135,20 +146,25 @@ class Checkpointer:
     if not self.manager.should_save(step):
       return  # Orbax would skip it too; never rewrite a kept step's sums.
     meta = {**meta, "step": step}
-    # A collective with several processes: every process takes part; only
-    # the writer hashes (on a thread: the save stays async) and writes.
-    host = multihost.to_host({name: state[name] for name in STATE_ITEMS})
-    digests = (self._hasher.submit(_all_digests, host, meta)
-               if multihost.is_writer() else None)
+    if jax.process_count() == 1:
+      # Hashed on a thread (the save stays async) from the host copy that
+      # orbax then saves: the state goes to the host once per save, not
+      # twice (each copy held the training loop: docs/performance.md).
+      source = jax.device_get({name: state[name] for name in STATE_ITEMS})
+      digests = self._hasher.submit(_all_digests, source, meta)
+    else:
+      # Each process hashes the shards it holds, now (the training loop
+      # may donate the buffers once this returns), and only the digests
+      # are gathered; orbax saves each process's shards of the arrays.
+      source = state
+      digests = concurrent.futures.Future()
+      digests.set_result(_gathered_digests(state, meta))
+      if not multihost.is_writer():
+        digests = None
     if self._async:
       self._pending = (step, digests)
     else:
       self._write_checksums(step, digests)
-    # In a single process orbax saves that same host copy: the state goes
-    # to the host once per save, not twice (each copy held the training
-    # loop: docs/performance.md). Several processes save their own
-    # shards of the device arrays (the host copy is gathered, whole).
-    source = host if jax.process_count() == 1 else state
     items = {name: ocp.args.StandardSave(source[name])
              for name in STATE_ITEMS}
     self.manager.save(step, args=ocp.args.Composite(
@@ -245,21 +261,30 @@ class Checkpointer:
     state = {}
     for name in STATE_ITEMS:
       state[name] = self._read(
-          step, name, ocp.args.StandardRestore(abstract_state[name]), where)
+          step, name, ocp.args.StandardRestore(abstract_state[name]), where,
+          in_flight_gb=_in_flight_gb(abstract_state[name]))
       if sums is not None:
-        _verify_item(name, multihost.to_host(state[name]),
-                     sums.get(name, {}), where / name)
+        _verify_item(name, state[name], sums.get(name, {}), where / name)
     state["step"] = jax.make_array_from_callback(
         (), abstract_state["step"].sharding,
         lambda _: np.asarray(meta["step"], np.int32))
     logging.info("Restored step %d from %s", step, self.directory)
     return state, meta
 
-  def _read(self, step: int, name: str, args, where: epath.Path):
-    """One item of `step`; any failure to read it means damage."""
+  def _read(self, step: int, name: str, args, where: epath.Path,
+            in_flight_gb: float | None = None):
+    """One item of `step`; any failure to read it means damage. Arrays are
+    read with at most `in_flight_gb` of shards on the host at once."""
     try:
-      restored = self.manager.restore(
-          step, args=ocp.args.Composite(**{name: args}))[name]
+      if in_flight_gb is None:
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(**{name: args}))[name]
+      else:
+        # The item directly, by a handler with the bound (the manager's
+        # handlers take theirs once, before any shape is known).
+        with ocp.Checkpointer(ocp.StandardCheckpointHandler(
+            restore_concurrent_gb=in_flight_gb)) as reader:
+          restored = reader.restore(where / name, args=args)
       error = None
     except Exception as e:  # pylint: disable=broad-exception-caught
       # Orbax and tensorstore raise many types (ValueError, OSError,
@@ -325,10 +350,32 @@ def meta_digest(meta: dict) -> str:
 
 
 def _all_digests(host_items: dict, meta: dict) -> dict:
-  sums = {name: integrity.tree_digests(tree)
+  sums = {name: shard_digests.held_digests(tree)
           for name, tree in host_items.items()}
   sums["meta"] = meta_digest(meta)
   return sums
+
+
+def _gathered_digests(state, meta: dict) -> dict:
+  """The digests of every process's shards of `state`'s items, on every
+  process (a collective)."""
+  parts = multihost.all_gather_json(
+      {name: shard_digests.held_digests(state[name]) for name in STATE_ITEMS})
+  sums = {name: {k: v for part in parts for k, v in part[name].items()}
+          for name in STATE_ITEMS}
+  sums["meta"] = meta_digest(meta)
+  return sums
+
+
+def _in_flight_gb(abstract_tree) -> float:
+  """Orbax's bound on the shard bytes one restore reads and places at once:
+  `RESTORE_IN_FLIGHT_BYTES`, or twice the largest shard (orbax refuses a
+  shard as large as the bound). In GB, orbax's unit; a fraction is taken as
+  it is (`restore_concurrent_gb * 10**9` bytes)."""
+  largest = max((np.prod(x.sharding.shard_shape(x.shape), dtype=np.int64)
+                 * np.dtype(x.dtype).itemsize
+                 for x in jax.tree.leaves(abstract_tree)), default=0)
+  return max(RESTORE_IN_FLIGHT_BYTES, 2 * int(largest)) / 1e9
 
 
 def _check_digest(got, want, reason: str) -> None:
@@ -336,10 +383,17 @@ def _check_digest(got, want, reason: str) -> None:
     raise _Damaged(reason)
 
 
-def _verify_item(name: str, host_tree, want: dict, where: epath.Path):
-  bad = integrity.mismatches(integrity.tree_digests(host_tree), want)
-  if bad:
-    raise _Damaged(f"{name}: {bad}; file {where}")
+def _verify_item(name: str, tree, want: dict, where: epath.Path):
+  """Checks the regions of `tree` this process holds (`store/
+  shard_digests.py`); every process falls back alike."""
+  bad, unchecked = shard_digests.check(tree, want)
+  if unchecked:
+    logging.warning("%s: %d saved regions not checked on process %d (the "
+                    "state is laid out otherwise than when saved)", where,
+                    unchecked, jax.process_index())
+  if not _all_agree(bad is None):
+    raise _Damaged(f"{name}: {bad or 'digest mismatch on another process'}"
+                   f"; file {where}")
 
 
 # Helpers.
