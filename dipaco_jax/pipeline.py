@@ -62,7 +62,7 @@ def run(config, workdir: str, islands=None) -> dict:
   (`islands.launcher.IslandOptions`) its multi-worker runs train as
   separate processes exchanging modules through a store."""
   presets.apply(config)  # A no-op after check_config, which announced it.
-  check_memory(config)  # ConfigError: one line, before the data stage.
+  check_memory(config, islands)  # ConfigError: one line, before data.
   if islands is not None:
     from dipaco_jax.islands import launcher  # pylint: disable=g-import-not-at-top
     launcher.check_config(config, islands)
@@ -123,12 +123,25 @@ def _derived_runs(config) -> list:
   return derived
 
 
-def check_memory(config) -> None:
+def check_memory(config, islands=None) -> None:
   """Refuses a job whose training step surely does not fit this machine's
   memory (`train/memory_estimate.py`), before its data stage; `run` calls
   it. Apart from `check_config`, which validates a config anywhere (the
-  GPU experiments on a CPU too)."""
-  memory_estimate.check([("", config)] + _derived_runs(config))
+  GPU experiments on a CPU too).
+
+  With `islands` its runs of several workers train as tasks of
+  `paths_per_task` workers, in the `num_workers` local worker processes
+  (each worker checks its own task at start, `islands/worker.py`); with
+  none here they are not checked here."""
+  runs = []
+  for name, run_config in [("", config)] + _derived_runs(config):
+    workers = paths_lib.topology_from_config(run_config).num_workers
+    if islands is None or workers == 1:
+      runs.append((name, run_config))
+    elif islands.num_workers > 0:
+      runs.append((name, run_config, islands.num_workers *
+                   min(workers, islands.paths_per_task)))
+  memory_estimate.check(runs)
 
 
 def _prepare(config, workdir):

@@ -2,12 +2,19 @@
 against a hand computation; the refusal before the data stage and the
 runtime out-of-memory line."""
 
+import dataclasses
+import types
+
 import jax
 import pytest
 
 from dipaco_jax import cli_errors
 from dipaco_jax import config_base
+from dipaco_jax import pipeline
 from dipaco_jax import testing
+from dipaco_jax.islands import launcher
+from dipaco_jax.islands import task_runner
+from dipaco_jax.islands import worker
 from dipaco_jax.train import memory_estimate
 
 
@@ -111,3 +118,56 @@ def test_memory_exhausted_at_run_time_is_one_line_naming_the_fields(
     raise oom
   assert e.value.code == 2
   assert capsys.readouterr().err == f"error: {want}\n"
+
+
+def test_a_job_is_judged_per_device_of_all_its_processes_and_island_tasks(
+    monkeypatch):
+  c = testing.tiny_config("2x2", inner_steps=2)  # 4 workers
+  total = memory_estimate.estimate(c, "xla", cpu=False).device_total
+  one_path = memory_estimate.estimate(c, "xla", cpu=False,
+                                      workers=1).device_total
+  # An estimate of one worker: its state and a quarter of the rest (the
+  # outer bank and momentum are the run's, whatever the group).
+  assert one_path < total / 3
+  devices = jax.local_device_count()
+  # Room on each local device for a quarter of the step, not for all of it.
+  monkeypatch.setattr(memory_estimate, "_capacity", lambda: (
+      "memory of one H100", total // devices // 2, False))
+  monkeypatch.setattr(memory_estimate, "_host_available", lambda: 1 << 40)
+  with pytest.raises(config_base.ConfigError, match=(
+      rf"per device \(of {devices}\)")):
+    pipeline.check_memory(c)
+  # Two processes of as many devices each share it: half a step a device.
+  monkeypatch.setattr(jax, "device_count", lambda: 2 * devices)
+  pipeline.check_memory(c)
+  monkeypatch.undo()
+  monkeypatch.setattr(memory_estimate, "_capacity", lambda: (
+      "memory of one H100", total // devices // 2, False))
+  monkeypatch.setattr(memory_estimate, "_host_available", lambda: 1 << 40)
+  # On islands a step trains a task's group, in each local worker.
+  islands = launcher.IslandOptions(num_workers=1, paths_per_task=1)
+  pipeline.check_memory(c, islands)
+  with pytest.raises(config_base.ConfigError):
+    pipeline.check_memory(c, dataclasses.replace(islands, num_workers=4))
+  # No local workers: the workers check their own tasks.
+  pipeline.check_memory(c, dataclasses.replace(islands, num_workers=0,
+                                               paths_per_task=4))
+
+
+def test_an_island_worker_refuses_a_task_its_devices_cannot_hold(
+    monkeypatch):
+  c = testing.tiny_config("2x2", inner_steps=2)
+  one_path = memory_estimate.estimate(c, "xla", cpu=False,
+                                      workers=1).device_total
+  monkeypatch.setattr(memory_estimate, "_capacity", lambda: (
+      "memory of one H100", one_path // jax.device_count() * 2, False))
+  monkeypatch.setattr(memory_estimate, "_host_available", lambda: 1 << 40)
+  spec = types.SimpleNamespace(weights_W=[0.25] * 4, paths_per_task=1,
+                               config_dict=lambda: c)
+  worker._check_memory(spec)  # One path a task fits.
+  spec.paths_per_task = 4
+  with pytest.raises(task_runner.TaskFailed, match=(
+      r"a training step of the island task run needs at least .* A task "
+      r"trains 4 paths here: give the launcher fewer --paths_per_task, or "
+      r"this worker more devices\.$")):
+    worker._check_memory(spec)

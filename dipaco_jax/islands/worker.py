@@ -20,6 +20,7 @@ import time
 
 from etils import epath
 
+from dipaco_jax import config_fields
 from dipaco_jax.islands import heartbeat as heartbeat_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import repair
@@ -30,6 +31,7 @@ from dipaco_jax.store import atomic
 from dipaco_jax.store import integrity
 from dipaco_jax.store import items
 from dipaco_jax.store import link
+from dipaco_jax.train import memory_estimate
 from dipaco_jax.train import preemption
 
 # A worker's default budget of host memory for its copies of compressed
@@ -51,6 +53,7 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   (0: no limit)."""
   spec = layout.RunSpec.load(run, timeout_s=max_idle_s)
   spec.use_store()
+  _check_memory(spec)
   poll_s = layout.poll_interval(run, poll_s)
   log = lambda msg: print(f"[worker {worker_id}] {msg}", flush=True)
   meter = layout.ByteMeter(run, f"worker-{worker_id}")
@@ -123,6 +126,19 @@ def serve(run, worker_id: str, slowdown_s: float = 0.0,
   preemption.finished()
   log(f"done: {ran} tasks")
   return ran
+
+
+def _check_memory(spec) -> None:
+  """Refuses, before any lease, a worker whose devices surely cannot hold
+  a task's step (`train/memory_estimate.py`: a group of
+  `spec.paths_per_task` paths); it would fail on every retry."""
+  group = min(len(spec.weights_W), spec.paths_per_task)
+  try:
+    memory_estimate.check([("island task", spec.config_dict(), group)])
+  except config_fields.ConfigError as e:
+    raise runner_lib.TaskFailed(
+        f"{e} A task trains {group} paths here: give the launcher fewer "
+        "--paths_per_task, or this worker more devices.") from e
 
 
 def main(argv=None) -> None:

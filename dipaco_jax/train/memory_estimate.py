@@ -6,8 +6,10 @@ A config whose step cannot fit used to fail after the data stage, with a
 the host batch). `check` estimates, from the config alone, what every
 training run of the job needs at least, and refuses a run whose estimate
 exceeds what the machine has: the smallest device's `bytes_limit`
-(`device.memory_stats()`) against the estimate spread evenly over the
-devices, or on CPU the host's available memory against all of it. The
+(`device.memory_stats()`) against the estimate spread evenly over every
+device of the job (all its processes'), or on CPU the host's available
+memory against this host's share. An island run is checked as its tasks
+train it: a group of paths on one worker's devices. The
 estimate leaves out whatever it cannot be sure of (XLA's temporaries,
 fragmentation, evaluation, the outer optimizer's extra state), so a
 refused config surely does not fit; one that passes may still not, and
@@ -85,13 +87,17 @@ def path_parameters(model, vocab_size: int) -> int:
   return embed + model.num_layers * layer
 
 
-def estimate(config, attention: str, cpu: bool = True) -> StepMemory:
+def estimate(config, attention: str, cpu: bool = True,
+             workers: int | None = None) -> StepMemory:
   """The lower bound of the module docstring for one run's config;
   `attention` is the resolved implementation (xla or cudnn). Off the CPU
   (`cpu` False) XLA may rematerialize under memory pressure, so every
-  remat setting counts as full."""
+  remat setting counts as full. `workers`: how many of the run's workers
+  (paths x replicas) one step trains; all of them unless given (an island
+  task trains its group)."""
   m = config.model
-  workers = paths_lib.topology_from_config(config).num_workers
+  if workers is None:
+    workers = paths_lib.topology_from_config(config).num_workers
   rows = workers * config.train.batch_size
   length = config.data.seq_len
   tokens = rows * length
@@ -155,40 +161,46 @@ def check(runs) -> None:
   """Refuses, before the data stage, a run whose step surely does not fit.
 
   Args:
-    runs: (name, config) of every training run of the job; name "" for
-      the config itself.
+    runs: (name, config) or (name, config, workers) of every training run
+      of the job that trains here; name "" for the config itself; workers
+      as `estimate` takes them.
 
   Raises:
     config_base.ConfigError: one line naming the fields that set the
       biggest part, the estimate and what the machine has.
   """
+  if not runs:
+    return
   _checked[:] = [runs[0][1]]
   capacity = _capacity()
   if capacity is None:
     return
   backend_attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
-  num_devices = jax.local_device_count()
-  for name, config in runs:
+  for name, config, *workers in runs:
     attention = config.model.attention
     step = estimate(config, backend_attention if attention == "auto"
-                    else attention, cpu=capacity[2])
-    for need, parts, (what, limit, per_device) in _demands(
-        step, capacity, num_devices):
+                    else attention, cpu=capacity[2],
+                    workers=workers[0] if workers else None)
+    for need, parts, (what, limit, per_device) in _demands(step, capacity):
       if need > limit:
         raise config_base.ConfigError(_refusal(
             config, name, parts, need, limit, what,
-            num_devices if per_device else 1))
+            jax.device_count() if per_device else 1))
 
 
-def _demands(step: StepMemory, capacity, num_devices):
-  """(bytes needed, its parts, (what, limit, per device)) to compare: on
-  CPU everything against the host; else the devices' share against one
-  device, and the batch against the host."""
+def _demands(step: StepMemory, capacity):
+  """(bytes needed, its parts, (what, limit, per device)) to compare. The
+  mesh spreads a step over every process's devices: off the CPU one
+  device's share against one device, and the batch against the host; on
+  CPU this host's share (its devices') and the batch against the host."""
   what, limit, shared = capacity
   if shared:
-    parts = {**step.device_parts, "the host's batch": step.host_batch}
+    local_share = jax.local_device_count() / jax.device_count()
+    parts = {**{part: int(need * local_share)
+                for part, need in step.device_parts.items()},
+             "the host's batch": step.host_batch}
     return [(sum(parts.values()), parts, (what, limit, False))]
-  demands = [(step.device_total // num_devices, step.device_parts,
+  demands = [(step.device_total // jax.device_count(), step.device_parts,
               (what, limit, True))]
   host = _host_available()
   if host is not None:
