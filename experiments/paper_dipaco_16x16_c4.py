@@ -1,12 +1,15 @@
 r"""The DiPaCo paper's 16x16 setup on C4 (256 paths of ~150M), for TPU pods.
 
-Command (on every host of a pod slice, e.g. through launch/tpu_vm.sh; C4
-prepared with TFDS, README.md "C4 and Cloud TPU"; multi-host is tested on
-CPU processes only):
-  python -m dipaco_jax.main --config=experiments/paper_dipaco_16x16_c4.py \
-      --workdir=gs://BUCKET/dipaco_16x16 --distributed
+How it is spread (docs/paper_scale.md): as islands, the main job on a small
+CPU VM and one worker per single-host TPU slice, each task a group of
+--paths_per_task paths (1 fits every slice of that page; 256 paths in one
+SPMD program would need some 11 TiB of HBM). Commands (C4 prepared with
+TFDS in TFDS_DATA_DIR; the workers as in launch/tpu_islands.sh's header):
+  python -m dipaco_jax.islands --config=experiments/paper_dipaco_16x16_c4.py \
+      --workdir=gs://BUCKET/dipaco_16x16 --num_workers=0 --paths_per_task=1
 
-The paper's hyperparameters (reference/dipaco_diloco.md section 1.4):
+The paper's hyperparameters (Douillard et al. 2024, "DiPaCo: Distributed
+Path Composition", arXiv:2403.10616, section 4 and appendix 7.1):
 paths of 12 blocks, d_model 896, 16 heads of 64, 150M parameters (our
 gated MLP of 2432 has the parameters of the paper's 4x MLP, 3584, and the
 embedding is tied: 151.2M per path, checked by a test); SentencePiece
@@ -27,7 +30,8 @@ Expected result (the paper, Table 3): validation perplexity 12.39 routed
 once per document, 11.38 with early stopping and re-routing every 64 tokens
 (its learned transformer re-router; ours is a linear window router fit on
 the held-out router documents), against 16.23 for the dense 150M baseline.
-Not yet run here.
+Not yet run here: every process holds the whole tokenized corpus, about
+620 GB for C4 (docs/paper_scale.md, "Per-host memory").
 """
 
 from dipaco_jax import config_base
