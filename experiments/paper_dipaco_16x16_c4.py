@@ -1,12 +1,17 @@
-r"""The DiPaCo paper's 16x16 setup on C4 (256 paths of ~150M), for TPU pods.
+r"""The DiPaCo paper's 16x16 setup on C4 (256 paths of ~150M), for TPU slices.
 
 How it is spread (docs/paper_scale.md): as islands, the main job on a small
 CPU VM and one worker per single-host TPU slice, each task a group of
---paths_per_task paths (1 fits every slice of that page; 256 paths in one
-SPMD program would need some 11 TiB of HBM). Commands (C4 prepared with
+--paths_per_task paths (at 1 a step's lower bound is under the HBM of
+every slice on that page; 256 paths in one SPMD program need at least
+11 TiB). Commands (C4 prepared with
 TFDS in TFDS_DATA_DIR; the workers as in launch/tpu_islands.sh's header):
   python -m dipaco_jax.islands --config=experiments/paper_dipaco_16x16_c4.py \
-      --workdir=gs://BUCKET/dipaco_16x16 --num_workers=0 --paths_per_task=1
+      --workdir=gs://BUCKET/dipaco_16x16 --num_workers=0 --paths_per_task=1 \
+      --config.eval.early_stopping=False
+(islands refuse per-path early stopping, which the paper's 11.38 below
+used). tests/test_paper_config.py runs this config so, at a tiny width,
+on CPU: 256 paths, top-2 shards, C4 through TFDS's mock, groups of 64.
 
 The paper's hyperparameters (Douillard et al. 2024, "DiPaCo: Distributed
 Path Composition", arXiv:2403.10616, section 4 and appendix 7.1):

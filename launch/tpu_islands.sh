@@ -11,7 +11,8 @@
 #   #    the gcs extra, gcsfs, is what every role reads gs:// with):
 #   pip install -e '.[data,gcs]'
 #   python -m dipaco_jax.islands --config=experiments/paper_dipaco_16x16_c4.py \
-#       --workdir=gs://BUCKET/dipaco_16x16 --num_workers=0 --paths_per_task=1
+#       --workdir=gs://BUCKET/dipaco_16x16 --num_workers=0 --paths_per_task=1 \
+#       --config.eval.early_stopping=False
 #
 # Each worker serves the runs named in RUNS in order (add
 # "dipaco_discriminative" when routing.discriminative_steps > 0; "main" for

@@ -82,7 +82,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", float(
 # order, so the long ones start while the short ones still fill both
 # workers, instead of one worker finishing a long test alone at the end.
 # Only the order changes; every test runs.
-_LONG_MODULES = ("test_islands_gcs.py", "test_multihost.py",
+_LONG_MODULES = ("test_islands_gcs.py", "test_paper_config.py",
+                 "test_multihost.py",
                  "test_pipeline.py", "test_islands_processes.py",
                  "test_islands.py", "test_islands_replay.py", "test_islands_repair.py",
                  "test_results_rerun.py",
