@@ -51,6 +51,7 @@ def make_config(args, num_paths):
   c.model.scan_unroll = args.unroll
   c.model.loss_chunk = args.loss_chunk
   c.model.fp8 = args.fp8
+  c.model.tie_embeddings = bool(args.tie)
   c.data.seq_len = args.seq
   c.paths.shape = "1"
   c.paths.num_replicas = num_paths
@@ -88,16 +89,26 @@ def bench_framework(args, num_paths):
 
   compiled = runtime.inner_step.jitted.lower(holder["state"], batch).compile()
   memory = compiled.memory_analysis()
-  seconds = timing.seconds_per_call(step, args.steps, args.warmup)
   fpt, params = flops_per_token(runtime, args.seq)
-  tokens = num_paths * args.batch * args.seq
   out = {"kind": "framework", "paths": num_paths, "batch_per_path":
-         args.batch, "seconds_per_step": seconds,
-         "tokens_per_s": tokens / seconds,
-         "mfu": tokens / seconds * fpt / PEAK_FLOPS,
-         "params_per_path": params, "flops_per_token": fpt}
+         args.batch, "params_per_path": params, "flops_per_token": fpt}
   if memory is not None:
-    out["temp_bytes"] = int(getattr(memory, "temp_size_in_bytes", 0))
+    # What the step's program holds on the device: its inputs (the state,
+    # donated, and the batch) and XLA's temporaries.
+    out.update({name: int(getattr(memory, f"{name}_size_in_bytes", 0))
+                for name in ("argument", "output", "alias", "temp")})
+    out["program_bytes"] = out["argument"] + out["temp"] + (
+        out["output"] - out["alias"])
+  # Before the timing, which a program larger than the device cannot run.
+  print(json.dumps({"compiled": out}), flush=True)
+  if args.memory_only:
+    return out, runtime
+  seconds = timing.seconds_per_call(step, args.steps, args.warmup)
+  tokens = num_paths * args.batch * args.seq
+  stats = jax.local_devices()[0].memory_stats() or {}
+  out.update({"seconds_per_step": seconds, "tokens_per_s": tokens / seconds,
+              "mfu": tokens / seconds * fpt / PEAK_FLOPS,
+              "peak_bytes_in_use": stats.get("peak_bytes_in_use")})
   return out, runtime
 
 
@@ -152,6 +163,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--head_dim", type=int, default=64)
   p.add_argument("--mlp", type=int, default=3584)
   p.add_argument("--vocab", type=int, default=32000)
+  p.add_argument("--tie", type=int, default=0,
+                 help="config.model.tie_embeddings (the paper's config: 1)")
   p.add_argument("--seq", type=int, default=1024)
   p.add_argument("--remat", default="none")
   p.add_argument("--attention", default="auto")
@@ -167,6 +180,8 @@ def main():
   p.add_argument("--paths", default="1,4")
   add_shape_flags(p)
   p.add_argument("--no_plain", action="store_true")
+  p.add_argument("--memory_only", action="store_true",
+                 help="compile and report the program's memory, no timing")
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--out", default="")
