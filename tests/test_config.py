@@ -70,8 +70,9 @@ def test_every_experiment_config_validates(path):
   config = module.get_config()
   from dipaco_jax import pipeline  # pylint: disable=g-import-not-at-top
   pipeline.check_config(config)  # with the derived base/dense/phase runs
-  assert module.__doc__ and ("python -m dipaco_jax.main" in module.__doc__ or
-                             "python launch/sweep.py" in module.__doc__)
+  assert module.__doc__ and any(command in module.__doc__ for command in (
+      "python -m dipaco_jax.main", "python -m dipaco_jax.islands",
+      "python launch/sweep.py"))  # Its exact command.
   assert "Expected" in module.__doc__
 
 
