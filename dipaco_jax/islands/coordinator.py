@@ -24,12 +24,14 @@ version it writes `DONE.json` and stop leases.
 
 import time
 
+from absl import flags
 import numpy as np
 
 from dipaco_jax.islands import background
 from dipaco_jax.islands import garbage
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import repair
+from dipaco_jax.islands import role_cli
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import units as units_lib
 from dipaco_jax.store import atomic
@@ -346,11 +348,14 @@ def serve(run, poll_s: float = 0.05, timeout_s: float = 24 * 3600.0) -> None:
   preemption.finished()
 
 
+def _define_flags(flag_values) -> None:
+  flags.DEFINE_string("store", None, "the run's directory",
+                      flag_values=flag_values)
+  flags.mark_flag_as_required("store", flag_values=flag_values)
+
+
 def main(argv=None) -> None:
-  import argparse  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--store", required=True, help="the run's directory")
-  args = parser.parse_args(argv)
+  args = role_cli.parse("coordinator", __doc__, _define_flags, argv)
   with layout.role_errors("coordinator"):
     serve(args.store)
 

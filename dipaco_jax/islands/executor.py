@@ -27,6 +27,7 @@ keeps its parameters and momentum, as in the SPMD runtime.
 import functools
 import time
 
+from absl import flags
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -37,6 +38,7 @@ from dipaco_jax.diloco import outer as outer_lib
 from dipaco_jax.islands import downloads as downloads_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import repair
+from dipaco_jax.islands import role_cli
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import unit_io
 from dipaco_jax.islands import units as units_lib
@@ -376,13 +378,19 @@ def serve(run, shard: int = 0, num_shards: int = 1, poll_s: float = 0.1,
       f"{spec.num_rounds}")
 
 
+def _define_flags(flag_values) -> None:
+  define = dict(flag_values=flag_values)
+  flags.DEFINE_string("store", None, "the run's directory", **define)
+  flags.mark_flag_as_required("store", flag_values=flag_values)
+  flags.DEFINE_integer("shard", 0, "this executor's share of the modules: "
+                       "every num_shards-th, from this one", lower_bound=0,
+                       **define)
+  flags.DEFINE_integer("num_shards", 1, "executors sharing the modules",
+                       lower_bound=1, **define)
+
+
 def main(argv=None) -> None:
-  import argparse  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--store", required=True, help="the run's directory")
-  parser.add_argument("--shard", type=int, default=0)
-  parser.add_argument("--num_shards", type=int, default=1)
-  args = parser.parse_args(argv)
+  args = role_cli.parse("executor", __doc__, _define_flags, argv)
   with layout.role_errors(f"executor {args.shard}"):
     serve(args.store, args.shard, args.num_shards)
 

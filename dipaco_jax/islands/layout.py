@@ -244,8 +244,9 @@ class RunSpec:
     deadline = time.monotonic() + timeout_s
     while (spec := read_json(path)) is None:
       if time.monotonic() > deadline:
-        raise TimeoutError(f"{path} did not appear in {timeout_s:.0f} s; "
-                           "is --store the run's directory?")
+        raise UserError(f"{path} did not appear in {timeout_s:.0f} s: is "
+                        "--store the run's directory (RUN/islands/NAME), "
+                        "and is its launcher running?")
       time.sleep(0.2)
     spec = cls(**spec)
     check_code(spec.code, run)

@@ -18,12 +18,14 @@ import os
 import socket
 import time
 
+from absl import flags
 from etils import epath
 
 from dipaco_jax import config_fields
 from dipaco_jax.islands import heartbeat as heartbeat_lib
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import repair
+from dipaco_jax.islands import role_cli
 from dipaco_jax.islands import task_runner as runner_lib
 from dipaco_jax.islands import timeline
 from dipaco_jax.parallel import mesh as mesh_lib
@@ -141,26 +143,30 @@ def _check_memory(spec) -> None:
         "--paths_per_task, or this worker more devices.") from e
 
 
+def _define_flags(flag_values) -> None:
+  define = dict(flag_values=flag_values)
+  flags.DEFINE_string("store", None, "the run's directory", **define)
+  flags.mark_flag_as_required("store", flag_values=flag_values)
+  flags.DEFINE_string("worker_id", f"{socket.gethostname()}-{os.getpid()}",
+                      "this worker's name in the run's control files",
+                      **define)
+  flags.DEFINE_integer("fake_devices", 0,
+                       "CPU devices to fake (tests, demos); 0: none",
+                       **define)
+  flags.DEFINE_float("slowdown_s", 0.0,
+                     "sleep after each inner step (tests, demos)", **define)
+  flags.DEFINE_float("max_idle_s", 3600.0,
+                     "give up after waiting this long for the run to start "
+                     "or for a task", **define)
+  flags.DEFINE_float("download_cache_mb", DOWNLOAD_CACHE_MB,
+                     "host memory for the modules' copies with compressed "
+                     "downloads (the least recently used goes first, to be "
+                     "read whole when needed again); 0 = no limit", **define)
+
+
 def main(argv=None) -> None:
-  import argparse  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--store", required=True, help="the run's directory")
-  parser.add_argument("--worker_id",
-                      default=f"{socket.gethostname()}-{os.getpid()}")
-  parser.add_argument("--fake_devices", type=int, default=0)
-  parser.add_argument("--slowdown_s", type=float, default=0.0,
-                      help="sleep after each inner step (tests, demos)")
-  parser.add_argument("--max_idle_s", type=float, default=3600.0,
-                      help="give up after waiting this long for the run to "
-                      "start or for a task")
-  parser.add_argument("--download_cache_mb", type=float,
-                      default=DOWNLOAD_CACHE_MB,
-                      help="host memory for the modules' copies with "
-                      "compressed downloads (the least recently used "
-                      "goes first, to be read whole when needed again); "
-                      "0 = no limit")
-  args = parser.parse_args(argv)
+  args = role_cli.parse("worker", __doc__, _define_flags, argv)
   mesh_lib.setup_fake_devices(args.fake_devices)
   try:
     with layout.role_errors(f"worker {args.worker_id}"):
