@@ -5,8 +5,8 @@ Each role defines its flags on a `FlagValues` of its own, not absl's global
 FLAGS: the role modules are also imported together in one process (the
 launcher, tests), where two roles' `--store` would collide. `--help` prints
 the role's flags; a flag absl refuses (unknown, a bad value, a required one
-missing) is one line naming it, status 2 (with `--verbose`, absl's own
-error). What the role then raises goes through `layout.role_errors`.
+missing) is one line naming it, status 2 (with `--verbose`, absl's
+exception). What the role then raises goes through `layout.role_errors`.
 """
 
 import re
@@ -23,7 +23,8 @@ def parse(role: str, doc: str, define: Callable[[flags.FlagValues], None],
   line heads --help."""
   argv = list(sys.argv if argv is None else argv)
   flag_values = flags.FlagValues()
-  flags.DEFINE_bool("verbose", False, "a traceback on errors",
+  flags.DEFINE_bool("verbose", False, "absl's exception for a flag it "
+                    "refuses, not one line",
                     flag_values=flag_values)
   define(flag_values)
   if any(a in ("--help", "-h", "--helpfull") for a in argv[1:]):
