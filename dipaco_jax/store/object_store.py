@@ -60,12 +60,13 @@ def configure() -> None:
     fsspec.config.conf.setdefault(protocol, {})["use_listings_cache"] = False
   if importlib.util.find_spec("gcsfs") is not None:
     os.environ.setdefault("EPATH_USE_TF", "0")
-  _forget_made_filesystems()
+  forget_made_filesystems()
 
 
-def _forget_made_filesystems() -> None:
-  """Drops gcsfs filesystems made before `configure` (and etils' handle on
-  them): the next one is made with the configuration above."""
+def forget_made_filesystems() -> None:
+  """Drops the gcsfs filesystems made so far, and etils' cached handles and
+  backend choices: the next `gs://` call makes them again from the current
+  configuration and environment."""
   if "gcsfs" in sys.modules:
     import gcsfs  # pylint: disable=g-import-not-at-top
     import gcsfs.core  # pylint: disable=g-import-not-at-top
@@ -75,6 +76,7 @@ def _forget_made_filesystems() -> None:
     from etils.epath import backend  # pylint: disable=g-import-not-at-top
     from etils.epath import gpath  # pylint: disable=g-import-not-at-top
     for cached in (getattr(gpath, "_is_tf_installed", None),
+                   getattr(gpath, "_is_zonal_gcs_bucket", None),
                    getattr(backend._FileSystemSpecBackend,  # pylint: disable=protected-access
                            "_get_filesystem", None)):
       if hasattr(cached, "cache_clear"):

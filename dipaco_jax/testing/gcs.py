@@ -24,8 +24,9 @@ Two client defaults cannot reach an emulator and are switched off inside
   ordinary bucket, is registered for `gs`/`gcs` instead.
 
 The emulator lacks two pieces of GCS that tensorstore's OCDBT manifest
-updates depend on, so it is started through this module
-(`python -m dipaco_jax.testing.gcs PORT`), which adds them before serving:
+updates depend on, so it is started through `testing/gcs_server.py`
+(`python -m dipaco_jax.testing.gcs_server PORT`), which adds them before
+serving:
 
 * the `x-goog-generation` / `x-goog-metageneration` headers of a media read
   (tensorstore takes an object's generation from them; without them a
@@ -70,6 +71,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+from dipaco_jax.store import object_store
 
 EMULATOR_MODULE = "gcp_storage_emulator"
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,7 +202,7 @@ def start(timeout: float = 30.0, attempts: int = 3) -> Emulator:
     log_path = os.path.join(workdir, "emulator.log")
     with open(log_path, "wb") as log:
       process = subprocess.Popen(
-          [sys.executable, "-m", __name__, str(port)],
+          [sys.executable, "-m", "dipaco_jax.testing.gcs_server", str(port)],
           cwd=workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
           env={**os.environ, "STORAGE_BASE": workdir,
                "PYTHONPATH": os.pathsep.join(
@@ -258,19 +261,7 @@ def client_env(emulator: Emulator) -> dict[str, str]:
 def reset_client_caches() -> None:
   """Forgets the cached clients and backend choices of etils and gcsfs, so
   the next `gs://` call reads the current environment."""
-  from etils.epath import backend as epath_backend  # pylint: disable=g-import-not-at-top
-  from etils.epath import gpath  # pylint: disable=g-import-not-at-top
-  for cached in (getattr(gpath, "_is_tf_installed", None),
-                 getattr(gpath, "_is_zonal_gcs_bucket", None),
-                 getattr(epath_backend._FileSystemSpecBackend,  # pylint: disable=protected-access
-                         "_get_filesystem", None)):
-    if hasattr(cached, "cache_clear"):
-      cached.cache_clear()
-  if "gcsfs" in sys.modules:
-    import gcsfs  # pylint: disable=g-import-not-at-top
-    import gcsfs.core  # pylint: disable=g-import-not-at-top
-    for cls in {gcsfs.GCSFileSystem, gcsfs.core.GCSFileSystem}:
-      cls.clear_instance_cache()
+  object_store.forget_made_filesystems()
 
 
 @contextlib.contextmanager
@@ -313,129 +304,3 @@ def _restore_item(mapping: dict, key, value) -> None:
     mapping.pop(key, None)
   else:
     mapping[key] = value
-
-
-# The emulator process (`python -m dipaco_jax.testing.gcs PORT`).
-
-
-def _object_generation(storage, bucket: str, name: str | None) -> int:
-  """The live generation of an object, 0 when there is none."""
-  from gcp_storage_emulator.exceptions import NotFound  # pylint: disable=g-import-not-at-top
-  if not bucket or not name:
-    return 0
-  try:
-    return int(storage.get_file_obj(bucket, name)["generation"])
-  except NotFound:
-    return 0
-
-
-def _query_int(request, key: str) -> int | None:
-  values = request.query.get(key)
-  return int(values[0]) if values else None
-
-
-def _upload_name(request) -> str | None:
-  if request.query.get("name"):
-    return request.query["name"][0]
-  data = request.data
-  meta = data.get("meta") if isinstance(data, dict) else None
-  return meta.get("name") if isinstance(meta, dict) else None
-
-
-def _path_name(request) -> str | None:
-  return request.params.get("object_id")
-
-
-def _with_preconditions(handler, object_name, reading: bool):
-  """`handler` behind GCS's generation preconditions; a successful media
-  read also reports the object's generation headers."""
-  from http import HTTPStatus  # pylint: disable=g-import-not-at-top
-
-  def wrapped(request, response, storage, *args, **kwargs):
-    bucket = request.params.get("bucket_name")
-    name = object_name(request)
-    current = _object_generation(storage, bucket, name)
-    match = _query_int(request, "ifGenerationMatch")
-    not_match = _query_int(request, "ifGenerationNotMatch")
-    if reading and not current:
-      pass  # Missing: the handler answers 404.
-    elif match is not None and match != current:
-      response.status = HTTPStatus.PRECONDITION_FAILED
-      response.json({"error": {"code": 412, "message": "ifGenerationMatch"}})
-      return None
-    elif not_match is not None and not_match == current:
-      if reading:
-        response.status = HTTPStatus.NOT_MODIFIED
-      else:
-        response.status = HTTPStatus.PRECONDITION_FAILED
-        response.json({"error": {"code": 412,
-                                 "message": "ifGenerationNotMatch"}})
-      return None
-    result = handler(request, response, storage, *args, **kwargs)
-    if reading and response.status in (HTTPStatus.OK,
-                                       HTTPStatus.PARTIAL_CONTENT):
-      obj = storage.get_file_obj(bucket, name)
-      response["x-goog-generation"] = str(obj["generation"])
-      response["x-goog-metageneration"] = str(obj.get("metageneration", 1))
-    return result
-
-  return wrapped
-
-
-def _patch_emulator() -> None:
-  """Adds generation headers and preconditions to the emulator's media
-  reads (`download`, also reached as `get?alt=media`), uploads (`insert`)
-  and deletes (`delete`)."""
-  from gcp_storage_emulator import server  # pylint: disable=g-import-not-at-top
-  from gcp_storage_emulator.handlers import objects  # pylint: disable=g-import-not-at-top
-  replace = {
-      objects.download: _with_preconditions(objects.download, _path_name,
-                                            reading=True),
-      objects.insert: _with_preconditions(objects.insert, _upload_name,
-                                          reading=False),
-      objects.delete: _with_preconditions(objects.delete, _path_name,
-                                          reading=False),
-  }
-  found = set()
-  for _, methods in server.HANDLERS:
-    for method, handler in list(methods.items()):
-      if handler in replace:
-        methods[method] = replace[handler]
-        found.add(handler)
-  if found != set(replace):
-    raise RuntimeError("gcp-storage-emulator's handlers changed; update "
-                       "dipaco_jax/testing/gcs.py (or its pinned version)")
-  # `get` (alt=media) and the router's upload fallback call these by name.
-  objects.download = replace[objects.download]
-  objects.insert = replace[objects.insert]
-
-
-def _log_requests(log_path: str) -> None:
-  """Appends each request the emulator routes to `log_path` (one JSON line,
-  written whole before the response is sent)."""
-  from gcp_storage_emulator import server  # pylint: disable=g-import-not-at-top
-  log = open(log_path, "a", buffering=1)  # pylint: disable=consider-using-with
-  handle = server.Router.handle
-
-  def logged(router, method):
-    request = router._request_handler  # pylint: disable=protected-access
-    method = request.headers.get("x-http-method-override") or method
-    url = urllib.parse.urlsplit(request.path)
-    log.write(json.dumps({"time": time.time(), "method": method,
-                          "path": url.path,
-                          "query": urllib.parse.parse_qs(url.query)}) + "\n")
-    return handle(router, method)
-
-  server.Router.handle = logged
-
-
-def _serve(port: int) -> None:
-  _patch_emulator()
-  _log_requests(os.path.join(os.getcwd(), REQUEST_LOG))
-  from gcp_storage_emulator import __main__ as emulator_main  # pylint: disable=g-import-not-at-top
-  emulator_main.main(["start", "--host", "127.0.0.1", "--port", str(port),
-                      "--in-memory", "--quiet"])
-
-
-if __name__ == "__main__":
-  _serve(int(sys.argv[1]))
