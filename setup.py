@@ -25,10 +25,10 @@ _EXTRAS = {
     "data": ["tensorflow==2.21.0", "tensorflow-text==2.21.1",
              "tensorflow-datasets==4.9.10", "seqio==0.0.20"],
     # gcp-storage-emulator: the local GCS of tests/test_gcs_emulator.py
-    # (pinned: dipaco_jax/testing/gcs.py patches its handlers); gcsfs: what
-    # etils.epath reads and writes gs:// with (2025.2 or later: commit
-    # markers are created with pipe_file(mode="create"), dipaco_jax/store/
-    # object_store.py).
+    # (pinned: dipaco_jax/testing/gcs_server.py patches its handlers);
+    # gcsfs: what etils.epath reads and writes gs:// with (2025.2 or
+    # later: commit markers are created with pipe_file(mode="create"),
+    # dipaco_jax/store/object_store.py).
     "test": ["pytest>=8", "pytest-xdist>=3.5",
              "gcp-storage-emulator==2026.7.19", "gcsfs>=2025.2.0"],
     # The documentation site (mkdocs.yml; CI builds it with --strict).
