@@ -42,7 +42,6 @@ save also writes the sha256 of each saved array (keyed by its tree path,
 """
 
 import concurrent.futures
-import hashlib
 import json
 
 from absl import logging
@@ -55,7 +54,7 @@ import orbax.checkpoint as ocp
 from dipaco_jax.parallel import multihost
 from dipaco_jax.store import atomic
 from dipaco_jax.store import integrity
-from dipaco_jax.store import shard_digests
+from dipaco_jax.train import checkpoint_digests as digests_lib
 
 STATE_ITEMS = ("inner", "outer")
 # Orbax's name for a step being written: `{step}.orbax-checkpoint-tmp...`.
@@ -151,14 +150,14 @@ class Checkpointer:
       # orbax then saves: the state goes to the host once per save, not
       # twice (each copy held the training loop: docs/performance.md).
       source = jax.device_get({name: state[name] for name in STATE_ITEMS})
-      digests = self._hasher.submit(_all_digests, source, meta)
+      digests = self._hasher.submit(digests_lib.of_host_items, source, meta)
     else:
       # Each process hashes the shards it holds, now (the training loop
       # may donate the buffers once this returns), and only the digests
       # are gathered; orbax saves each process's shards of the arrays.
       source = state
       digests = concurrent.futures.Future()
-      digests.set_result(_gathered_digests(state, meta))
+      digests.set_result(digests_lib.gathered(state, STATE_ITEMS, meta))
       if not multihost.is_writer():
         digests = None
     if self._async:
@@ -251,7 +250,7 @@ class Checkpointer:
       _say(f"[ckpt] step {step} in {self.directory} predates checksums "
            "(an older dipaco_jax): restored without verification")
     else:
-      _check_digest(meta_digest(meta), sums.get("meta"),
+      _check_digest(digests_lib.meta_digest(meta), sums.get("meta"),
                     f"meta: digest mismatch; file {where / 'meta'}")
     if "step" not in meta:
       raise CheckpointMismatchError(
@@ -344,29 +343,6 @@ class Checkpointer:
 # Digests.
 
 
-def meta_digest(meta: dict) -> str:
-  return hashlib.sha256(
-      json.dumps(meta, sort_keys=True).encode("utf-8")).hexdigest()
-
-
-def _all_digests(host_items: dict, meta: dict) -> dict:
-  sums = {name: shard_digests.held_digests(tree)
-          for name, tree in host_items.items()}
-  sums["meta"] = meta_digest(meta)
-  return sums
-
-
-def _gathered_digests(state, meta: dict) -> dict:
-  """The digests of every process's shards of `state`'s items, on every
-  process (a collective)."""
-  parts = multihost.all_gather_json(
-      {name: shard_digests.held_digests(state[name]) for name in STATE_ITEMS})
-  sums = {name: {k: v for part in parts for k, v in part[name].items()}
-          for name in STATE_ITEMS}
-  sums["meta"] = meta_digest(meta)
-  return sums
-
-
 def _in_flight_gb(abstract_tree) -> float:
   """Orbax's bound on the shard bytes one restore reads and places at once:
   `RESTORE_IN_FLIGHT_BYTES`, or twice the largest shard (orbax refuses a
@@ -384,13 +360,9 @@ def _check_digest(got, want, reason: str) -> None:
 
 
 def _verify_item(name: str, tree, want: dict, where: epath.Path):
-  """Checks the regions of `tree` this process holds (`store/
-  shard_digests.py`); every process falls back alike."""
-  bad, unchecked = shard_digests.check(tree, want)
-  if unchecked:
-    logging.warning("%s: %d saved regions not checked on process %d (the "
-                    "state is laid out otherwise than when saved)", where,
-                    unchecked, jax.process_index())
+  """Checks the regions of `tree` this process holds; every process falls
+  back alike."""
+  bad = digests_lib.mismatch(tree, want, where)
   if not _all_agree(bad is None):
     raise _Damaged(f"{name}: {bad or 'digest mismatch on another process'}"
                    f"; file {where}")
