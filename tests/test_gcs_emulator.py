@@ -33,6 +33,7 @@ from dipaco_jax.islands import layout
 from dipaco_jax.testing import gcs as testing_gcs
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
+from dipaco_jax.store import keys
 from dipaco_jax.store import object_store
 # pylint: enable=g-import-not-at-top
 
@@ -152,41 +153,41 @@ def test_commit_marker_on_gs(bucket, emulator):
 def test_module_round_trip_on_gs(bucket, emulator):
   root = f"gs://{bucket}/store"
   params, opt_state = _module(1.0)
-  assert items.save_module(root, "embed", 1, 7, params, opt_state,
-                           {"round": 7})
+  assert keys.save_module(root, "embed", 1, 7, params, opt_state,
+                          {"round": 7})
   # Orbax's item and the marker are objects in the emulator's bucket.
   names = emulator.object_names(bucket, "store/modules/embed/00001/v000007/")
   assert f"store/modules/embed/00001/v000007/{atomic.COMMIT_MARKER}" in names
-  item = items.item_dir(items.module_dir(root, "embed", 1, 7))
+  item = items.item_dir(keys.module_dir(root, "embed", 1, 7))
   assert item.parent.name.startswith("writer-")  # The writer's own.
   item_prefix = str(item).removeprefix(f"gs://{bucket}/") + "/"
   assert any(n.startswith(item_prefix) for n in names)
 
-  got_params, got_opt, meta = items.load_module(
+  got_params, got_opt, meta = keys.load_module(
       root, "embed", 1, 7, _abstract(params), _abstract(opt_state))
   assert meta == {"round": 7}
   _assert_equal((got_params, got_opt), (params, opt_state))
   device = jax.sharding.SingleDeviceSharding(jax.devices()[1])
-  got_params, _, _ = items.load_module(
+  got_params, _, _ = keys.load_module(
       root, "embed", 1, 7, _abstract(params, device), _abstract(opt_state))
   assert all(isinstance(x, jax.Array) and x.sharding == device
              for x in jax.tree.leaves(got_params))
   _assert_equal(got_params, params)
-  assert items.committed_versions(root, "embed", 1) == [7]
-  assert items.latest_version(root, "embed", 1) == 7
-  assert items.latest_version(root, "embed", 0) is None
+  assert keys.committed_versions(root, "embed", 1) == [7]
+  assert keys.latest_version(root, "embed", 1) == 7
+  assert keys.latest_version(root, "embed", 0) is None
 
-  assert items.save_inner(root, 2, 16, {"x": np.arange(4.0)}, {"step": 16})
-  loaded, meta = items.load_inner(root, 2, 16, {"x": np.zeros(4)})
+  assert keys.save_inner(root, 2, 16, {"x": np.arange(4.0)}, {"step": 16})
+  loaded, meta = keys.load_inner(root, 2, 16, {"x": np.zeros(4)})
   _assert_equal(loaded, {"x": np.arange(4.0)})
   assert meta == {"step": 16}
-  assert items.latest_inner_step(root, 2) == 16
+  assert keys.latest_inner_step(root, 2) == 16
 
 
 def test_uncommitted_key_is_never_read_on_gs(bucket, emulator, monkeypatch):
   root = f"gs://{bucket}/store"
   params, opt_state = _module(1.0)
-  assert items.save_module(root, "embed", 0, 1, params, opt_state)
+  assert keys.save_module(root, "embed", 0, 1, params, opt_state)
 
   # A writer that dies after orbax has finalized its item, before the marker.
   def die(directory, meta):
@@ -195,44 +196,44 @@ def test_uncommitted_key_is_never_read_on_gs(bucket, emulator, monkeypatch):
   with monkeypatch.context() as m:
     m.setattr(atomic, "commit", die)
     with pytest.raises(_Killed):
-      items.save_module(root, "embed", 0, 2, *_module(2.0))
-  directory = items.module_dir(root, "embed", 0, 2)
+      keys.save_module(root, "embed", 0, 2, *_module(2.0))
+  directory = keys.module_dir(root, "embed", 0, 2)
   prefix = "store/modules/embed/00000/v000002/"
   leftover = emulator.object_names(bucket, prefix)
   assert leftover and all(n.startswith(prefix + "writer-") for n in leftover)
 
   assert not atomic.is_committed(directory)
-  assert items.committed_versions(root, "embed", 0) == [1]
-  assert items.latest_version(root, "embed", 0) == 1
+  assert keys.committed_versions(root, "embed", 0) == [1]
+  assert keys.latest_version(root, "embed", 0) == 1
   with pytest.raises(items.NotCommittedError, match=str(directory)):
-    items.load_module(root, "embed", 0, 2, _abstract(params),
-                      _abstract(opt_state))
+    keys.load_module(root, "embed", 0, 2, _abstract(params),
+                     _abstract(opt_state))
 
   # A new writer commits under its own directory and leaves the leftover
   # alone: it cannot tell a dead writer from a slow one.
   again, again_opt = _module(3.0)
-  assert items.save_module(root, "embed", 0, 2, again, again_opt)
+  assert keys.save_module(root, "embed", 0, 2, again, again_opt)
   assert set(leftover) <= set(emulator.object_names(bucket, prefix))
-  assert items.latest_version(root, "embed", 0) == 2
-  loaded, _, _ = items.load_module(root, "embed", 0, 2, _abstract(again),
-                                   _abstract(again_opt))
+  assert keys.latest_version(root, "embed", 0) == 2
+  loaded, _, _ = keys.load_module(root, "embed", 0, 2, _abstract(again),
+                                  _abstract(again_opt))
   _assert_equal(loaded, again)
 
 
 def test_committed_key_is_immutable_on_gs(bucket, emulator):
   root = f"gs://{bucket}/store"
   first, first_opt = _module(1.0)
-  assert items.save_module(root, "embed", 0, 1, first, first_opt, {"by": 1})
+  assert keys.save_module(root, "embed", 0, 1, first, first_opt, {"by": 1})
   prefix = "store/modules/embed/00000/v000001/"
   objects = emulator.object_names(bucket, prefix)
-  marker = items.module_dir(root, "embed", 0, 1) / atomic.COMMIT_MARKER
+  marker = keys.module_dir(root, "embed", 0, 1) / atomic.COMMIT_MARKER
   marker_text = marker.read_text()
 
-  assert not items.save_module(root, "embed", 0, 1, *_module(9.0), {"by": 2})
+  assert not keys.save_module(root, "embed", 0, 1, *_module(9.0), {"by": 2})
   assert emulator.object_names(bucket, prefix) == objects
   assert marker.read_text() == marker_text
-  params, _, meta = items.load_module(root, "embed", 0, 1, _abstract(first),
-                                      _abstract(first_opt))
+  params, _, meta = keys.load_module(root, "embed", 0, 1, _abstract(first),
+                                     _abstract(first_opt))
   _assert_equal(params, first)
   assert meta == {"by": 1}
 

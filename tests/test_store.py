@@ -21,6 +21,7 @@ from dipaco_jax.eval import routed
 from dipaco_jax.eval import sharded
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
+from dipaco_jax.store import keys
 from dipaco_jax.store import link
 
 K, W = 3, 4
@@ -64,9 +65,9 @@ def test_module_round_trip_to_host_and_device(tmp_path):
   module = items.module_of(_outer_state(), "layers_00_01", 1)
   count = module["opt_state"][0].count
   assert np.ndim(count) == 0 and int(count) == 1  # Kept whole, not sliced.
-  assert items.save_module(tmp_path, "layers_00_01", 1, 7, module["params"],
-                           module["opt_state"], {"round": 7})
-  params, opt_state, meta = items.load_module(
+  assert keys.save_module(tmp_path, "layers_00_01", 1, 7, module["params"],
+                          module["opt_state"], {"round": 7})
+  params, opt_state, meta = keys.load_module(
       tmp_path, "layers_00_01", 1, 7, _abstract(module["params"]),
       _abstract(module["opt_state"]))
   assert meta == {"round": 7}
@@ -75,14 +76,14 @@ def test_module_round_trip_to_host_and_device(tmp_path):
              for x in jax.tree.leaves((params, opt_state)))
 
   device = jax.sharding.SingleDeviceSharding(jax.devices()[3])
-  params, opt_state, _ = items.load_module(
+  params, opt_state, _ = keys.load_module(
       tmp_path, "layers_00_01", 1, 7, _abstract(module["params"], device),
       _abstract(module["opt_state"], device))
   _assert_equal((params, opt_state), (module["params"], module["opt_state"]))
   assert all(isinstance(x, jax.Array) and x.sharding == device
              for x in jax.tree.leaves((params, opt_state)))
-  assert items.committed_versions(tmp_path, "layers_00_01", 1) == [7]
-  assert items.latest_version(tmp_path, "layers_00_01", 0) is None
+  assert keys.committed_versions(tmp_path, "layers_00_01", 1) == [7]
+  assert keys.latest_version(tmp_path, "layers_00_01", 0) is None
 
 
 def test_a_relative_store_directory_saves_and_loads(tmp_path, monkeypatch):
@@ -136,22 +137,22 @@ def test_worker_round_trip(tmp_path):
   _assert_equal(items.worker_of(new, 1), items.worker_of(inner, 1))
 
   for step in (8, 16):
-    assert items.save_inner(tmp_path, 2, step, worker, {"step": step})
-  loaded, meta = items.load_inner(tmp_path, 2, 16, _abstract(worker))
+    assert keys.save_inner(tmp_path, 2, step, worker, {"step": step})
+  loaded, meta = keys.load_inner(tmp_path, 2, 16, _abstract(worker))
   _assert_equal(loaded, worker)
   assert meta == {"step": 16}
-  assert items.committed_inner_steps(tmp_path, 2) == [8, 16]
-  assert items.latest_inner_step(tmp_path, 2) == 16
-  assert items.latest_inner_step(tmp_path, 0) is None
+  assert keys.committed_inner_steps(tmp_path, 2) == [8, 16]
+  assert keys.latest_inner_step(tmp_path, 2) == 16
+  assert keys.latest_inner_step(tmp_path, 0) is None
 
 
 def test_committed_version_is_never_overwritten(tmp_path):
   first = {"w": np.full((3,), 1.0, np.float32)}
-  assert items.save_module(tmp_path, "embed", 0, 1, first, {})
-  assert not items.save_module(tmp_path, "embed", 0, 1,
-                               {"w": np.full((3,), 9.0, np.float32)}, {})
-  params, _, _ = items.load_module(tmp_path, "embed", 0, 1, _abstract(first),
-                                   {})
+  assert keys.save_module(tmp_path, "embed", 0, 1, first, {})
+  assert not keys.save_module(tmp_path, "embed", 0, 1,
+                              {"w": np.full((3,), 9.0, np.float32)}, {})
+  params, _, _ = keys.load_module(tmp_path, "embed", 0, 1, _abstract(first),
+                                  {})
   _assert_equal(params, first)
 
 
@@ -160,7 +161,7 @@ _KILLED_WRITER = textwrap.dedent("""
     import time
     import numpy as np
     from dipaco_jax.store import atomic
-    from dipaco_jax.store import items
+    from dipaco_jax.store import keys
 
     root, ready = sys.argv[1], sys.argv[2]
 
@@ -170,9 +171,9 @@ _KILLED_WRITER = textwrap.dedent("""
       time.sleep(600)
 
     atomic.commit = pause_before_commit
-    items.save_module(root, "embed", 0, 2,
-                      {"w": np.full((3,), 2.0, np.float32)},
-                      {"count": np.int32(5)}, {"round": 2})
+    keys.save_module(root, "embed", 0, 2,
+                     {"w": np.full((3,), 2.0, np.float32)},
+                     {"count": np.int32(5)}, {"round": 2})
 """)
 
 
@@ -180,7 +181,7 @@ def test_writer_killed_before_its_commit_marker(tmp_path):
   root, ready = tmp_path / "store", tmp_path / "ready"
   params = {"w": np.full((3,), 1.0, np.float32)}
   opt_state = {"count": np.int32(4)}
-  items.save_module(root, "embed", 0, 1, params, opt_state)
+  keys.save_module(root, "embed", 0, 1, params, opt_state)
   script = tmp_path / "writer.py"
   script.write_text(_KILLED_WRITER)
   log = (tmp_path / "writer.log").open("w")
@@ -202,25 +203,25 @@ def test_writer_killed_before_its_commit_marker(tmp_path):
       proc.wait(timeout=30)
     log.close()
 
-  directory = items.module_dir(root, "embed", 0, 2)
+  directory = keys.module_dir(root, "embed", 0, 2)
   (leftover,) = directory.iterdir()  # The killed writer's own directory,
   assert leftover.name.startswith("writer-")
   assert any((leftover / items.ITEM).iterdir())  # with orbax's files.
   assert not atomic.is_committed(directory)
-  assert items.committed_versions(root, "embed", 0) == [1]
-  assert items.latest_version(root, "embed", 0) == 1
+  assert keys.committed_versions(root, "embed", 0) == [1]
+  assert keys.latest_version(root, "embed", 0) == 1
   with pytest.raises(items.NotCommittedError, match=str(directory)):
-    items.load_module(root, "embed", 0, 2, _abstract(params),
-                      _abstract(opt_state))
+    keys.load_module(root, "embed", 0, 2, _abstract(params),
+                     _abstract(opt_state))
 
   again = {"w": np.full((3,), 3.0, np.float32)}
-  assert items.save_module(root, "embed", 0, 2, again, opt_state)
-  assert items.latest_version(root, "embed", 0) == 2
+  assert keys.save_module(root, "embed", 0, 2, again, opt_state)
+  assert keys.latest_version(root, "embed", 0) == 2
   # Beside the leftover, untouched: a slow writer is not told from a dead
   # one, and no writer deletes another's files.
   assert leftover.exists() and items.item_dir(directory).parent != leftover
-  loaded, _, _ = items.load_module(root, "embed", 0, 2, _abstract(again),
-                                   _abstract(opt_state))
+  loaded, _, _ = keys.load_module(root, "embed", 0, 2, _abstract(again),
+                                  _abstract(opt_state))
   _assert_equal(loaded, again)
 
 

@@ -64,6 +64,7 @@ from dipaco_jax import paths as paths_lib
 from dipaco_jax.errors import UserError
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
+from dipaco_jax.store import keys
 from dipaco_jax.store import link
 from dipaco_jax.store import object_store
 from dipaco_jax.train import preemption
@@ -94,7 +95,7 @@ def published_dir(run, slot: str, expert: int, version: int) -> epath.Path:
 
 
 def inner_dir(run, worker: int, step: int) -> epath.Path:
-  return items.inner_dir(run, worker, step)
+  return keys.inner_dir(run, worker, step)
 
 
 def contrib_dir(run, round_index: int, worker: int, slot: str
