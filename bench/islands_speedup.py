@@ -7,7 +7,7 @@ Reads OUT/{diloco,dipaco}_spmd1_metrics.jsonl (the SPMD run on one GPU)
 alone in two layouts) and
 OUT/{diloco,dipaco}_islands{N}_{DELAY}[_tau{TAU}]_h{H}[_kill{K}]
 [_every{E}][_rep{R}]_{stats,results}.json (N worker processes, one GPU each) and
-prints, per island arm, the aggregate tokens/s after round 0 (launcher.task_stats: no compilation) against the SPMD run's
+prints, per island arm, the aggregate tokens/s after round 0 (islands/run_stats.task_stats: no compilation) against the SPMD run's
 steady tokens/s (the median of its progress rows after the first, which
 carries compilation), the share of the workers' wall time spent waiting
 for the outer step (the gaps between a worker's tasks plus delayed tasks'

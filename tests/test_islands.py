@@ -25,6 +25,7 @@ from dipaco_jax.islands import executor as executor_lib
 from dipaco_jax.islands import launcher
 from dipaco_jax.islands import layout
 from dipaco_jax.islands import roles as roles_lib
+from dipaco_jax.islands import run_stats
 from dipaco_jax.islands import task_runner as runner_lib
 from dipaco_jax.islands import timeline
 from dipaco_jax.islands import unit_io
@@ -370,7 +371,7 @@ def test_a_workers_copies_stay_within_its_download_cache():
 def test_a_delayed_tasks_phases_add_up_to_its_time(tmp_path, monkeypatch,
                                                   delay):
   # The launcher's steady-state clock starts at the first task's start
-  # plus its `compute` (launcher._after_round0), so round 0's `compute`
+  # plus its `compute` (run_stats._after_round0), so round 0's `compute`
   # must hold the building of the worker's program too: the task's clock
   # starts before the program is asked for.
   exp = _experiment(tmp_path / "spmd", num_steps=4, delay=delay,
@@ -431,7 +432,7 @@ def test_a_plain_tasks_phases_and_the_outer_steps_phases(tmp_path,
                                           "executor.json"))
   assert tuple(stats["phases_s"]) == executor_lib.EXECUTOR_PHASES
   assert sum(stats["phases_s"].values()) == pytest.approx(stats["seconds"])
-  mean = launcher._mean_outer_step_phases({"executor": stats})  # pylint: disable=protected-access
+  mean = run_stats._mean_outer_step_phases({"executor": stats})  # pylint: disable=protected-access
   assert sum(mean.values()) == pytest.approx(
       stats["seconds"] / stats["outer_steps"])
   # Each outer step writes its module and its outer optimizer state (two
