@@ -45,7 +45,6 @@ from dipaco_jax.islands import layout
 from dipaco_jax.islands import repair
 from dipaco_jax.store import atomic
 from dipaco_jax.store import items
-from dipaco_jax.store import object_store
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _BARRIER_TIMEOUT_S = 60.0  # Bounded: the test kills a probe that overstays.
@@ -114,7 +113,6 @@ _OPS = {
     "load_tree": _load_tree,
     "save_tree": lambda c: _save_tree(c["key"], c["value"], c.get("n", 4),
                                       c.get("barrier")),
-    "check_fresh": lambda c: object_store.check_fresh(c["path"]),
 }
 
 
