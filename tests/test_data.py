@@ -13,6 +13,7 @@ import pytest
 from dipaco_jax.data import batches
 from dipaco_jax.data import corpora
 from dipaco_jax.data import corpus_manifest
+from dipaco_jax.data import doc_store
 from dipaco_jax.data import prefetch
 from dipaco_jax.data import shards
 from dipaco_jax.data import token_store
@@ -327,20 +328,28 @@ def test_shards_manifest_and_tamper(tmp_path):
   loaded, indices = shards.load_shard_with_indices(directory, 1)
   np.testing.assert_array_equal(indices, [1, 3])
   np.testing.assert_array_equal(loaded.doc(1), docs.doc(3))
-  assert shards.load_shard(directory, 0).sha256() == docs.subset(
-      [0, 2, 4]).sha256()
+  # Index files into one store, not copies: the shard is its documents.
+  assert sorted(os.listdir(directory)) == [
+      'docs', 'manifest.json', 'shard_00000.npz', 'shard_00001.npz']
+  assert shards.load_shard(directory, 0).materialize().sha256() == (
+      docs.subset([0, 2, 4]).sha256())
 
-  # Tampering: change one token, keep a valid file.
+  # Tampering: point the shard at another document, keep a valid file.
   path = os.path.join(directory, 'shard_00001.npz')
   with np.load(path) as npz:
     arrays = dict(npz)
-  arrays['tokens'][3] += 1
+  arrays['store_indices'][1] = 4
   np.savez(path, **arrays)
   with pytest.raises(ValueError, match='shard_00001.npz.*sha256'):
     shards.load_shard(directory, 1)
   os.remove(path)
   with pytest.raises(ValueError, match='shard_00001.npz'):
     shards.load_shard(directory, 1)
+  # The store rewritten under the shards (another corpus): refused.
+  doc_store.write_token_docs(os.path.join(directory, 'docs'),
+                             _docs([11, 20, 30, 40, 50]))
+  with pytest.raises(ValueError, match='not the one the shards'):
+    shards.load_shard(directory, 0)
 
 
 def test_shards_empty_shard_error_writes_nothing(tmp_path):

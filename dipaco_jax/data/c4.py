@@ -38,7 +38,7 @@ copy, e.g. a `gs://` bucket on Cloud TPU). Nothing here downloads C4.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -118,6 +118,18 @@ def c4_documents(
     *,
     tfds_name: str = DEFAULT_TFDS_NAME,
 ) -> list[tuple[str, str]]:
+  """`iter_c4_documents`, collected into a list (small reads, tests)."""
+  return list(iter_c4_documents(split, max_documents, data_dir,
+                                tfds_name=tfds_name))
+
+
+def iter_c4_documents(
+    split: str,
+    max_documents: int,
+    data_dir: str | None = None,
+    *,
+    tfds_name: str = DEFAULT_TFDS_NAME,
+) -> Iterator[tuple[str, str]]:
   """Reads the first `max_documents` C4 documents of `split` with TFDS.
 
   Args:
@@ -125,14 +137,15 @@ def c4_documents(
       such as 'train[:1000]').
     max_documents: how many documents at most (fewer if the split is
       shorter); 0 reads the whole split (all of C4 train does not fit in
-      memory: use a slice or a bound there).
+      memory as a list: the data stage streams it into a token store).
     data_dir: TFDS data directory holding the prepared dataset (None: TFDS'
       default, `$TFDS_DATA_DIR` or `~/tensorflow_datasets`).
     tfds_name: the TFDS name and version.
 
   Returns:
-    A list of `(doc_id, text)` with `doc_id == f'c4/{split}/{i}'`, in TFDS'
-    file order (deterministic: files are not shuffled).
+    An iterator of `(doc_id, text)` with `doc_id == f'c4/{split}/{i}'`, in
+    TFDS' file order (deterministic: files are not shuffled); TFDS is
+    opened at the call, so a missing dataset fails there.
   """
   _check_max_documents(max_documents)
   _, tfds = _import_tfds()
@@ -148,10 +161,10 @@ def c4_documents(
           tfds.core.DatasetNotFoundError) as e:
     raise _tfds_not_found(f"TFDS dataset {tfds_name!r}", data_dir, e) from e
   ds = _take(ds.map(lambda ex: ex["text"]), max_documents)
-  return [
+  return (
       (f"c4/{split}/{i}", text.decode("utf-8"))
       for i, text in enumerate(tfds.as_numpy(ds))
-  ]
+  )
 
 
 def _task_spec(vocab_model_path, tfds_name, data_dir, splits):

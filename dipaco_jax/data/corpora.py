@@ -1,6 +1,10 @@
-"""Text corpora as lists of documents, split into train and validation.
+"""Text corpora as streams of documents, split into train and validation.
 
-Two sources, both without TensorFlow (DESIGN invariant 2):
+Each source is a stream of (split, document) that reads one file at a time
+(`stream_*`; the data stage tokenizes it into a store on disk without
+holding the corpus), or the same documents collected into lists
+(`read_*`, `*_documents`: small corpora and tests). Two sources, both
+without TensorFlow (DESIGN invariant 2):
 
 * `python_stdlib_documents`: the installed Python standard library's `.py`
   files. Present on every machine and needs no network, so the quickstart
@@ -103,6 +107,17 @@ def _selection_fraction(unit: str) -> float:
   return int.from_bytes(digest[16:24], 'big') / 2.0**64
 
 
+def selection_stream(stream: Iterable[tuple[str, Document]],
+                     validation_fraction: float
+                     ) -> Iterator[tuple[str, Document]]:
+  """`selection_split` over a stream of (split, document)."""
+  for split, doc in stream:
+    if split == 'train':
+      held_out = (_selection_fraction(unit_of(doc.doc_id))
+                  < validation_fraction)
+      yield ('validation' if held_out else 'train'), doc
+
+
 def selection_split(splits: dict[str, list[Document]],
                     validation_fraction: float) -> dict[str, list[Document]]:
   """The split to choose settings on without the validation set: its
@@ -188,16 +203,23 @@ def _cap_by_hash(names: Sequence[str], sizes: Iterable[int],
   return kept
 
 
-def _documents_from_files(
-    texts_by_name: dict[str, str], max_doc_chars: int,
-    validation_fraction: float) -> dict[str, list[Document]]:
+def _file_documents(name: str, text: str, max_doc_chars: int,
+                    validation_fraction: float
+                    ) -> Iterator[tuple[str, Document]]:
+  """(split, document) of each non-blank chunk of one file."""
+  split = _split_of(name, validation_fraction)
+  for index, chunk in enumerate(chunk_text(text, max_doc_chars)):
+    if chunk.strip():
+      yield split, Document(f'{name}#{index}', chunk)
+
+
+def collect(stream: Iterable[tuple[str, Document]]
+            ) -> dict[str, list[Document]]:
+  """A stream of (split, document) as {'train': [...], 'validation': [...]}
+  (in memory: for small corpora and tests; the data stage streams)."""
   splits = {'train': [], 'validation': []}
-  for name in sorted(texts_by_name):
-    split = splits[_split_of(name, validation_fraction)]
-    for index, chunk in enumerate(chunk_text(texts_by_name[name],
-                                             max_doc_chars)):
-      if chunk.strip():
-        split.append(Document(f'{name}#{index}', chunk))
+  for split, doc in stream:
+    splits[split].append(doc)
   return splits
 
 
@@ -253,20 +275,35 @@ def _texts(files: dict[str, epath.Path], reading: Reading,
     yield name, path, text
 
 
-def read_python_stdlib(
+def stream_python_stdlib(
     max_doc_chars: int, validation_fraction: float,
-    max_corpus_chars: int = 0) -> tuple[dict[str, list[Document]], Reading]:
-  """`python_stdlib_documents` and what reading found."""
+    max_corpus_chars: int = 0
+) -> tuple[Reading, Iterator[tuple[str, Document]]]:
+  """The stdlib corpus as a stream of (split, document), one file read at a
+  time; the `Reading` is complete once the stream is exhausted."""
   _check_args(max_doc_chars, validation_fraction)
   root, files = corpus_files.stdlib_files()
   reading = Reading(f'the stdlib at {root}', f'in the stdlib at {root}')
   kept = _read_files(files, reading, max_corpus_chars)
-  # Strict: the stdlib's only such files are its encoding tests' malformed
-  # sources, skipped as ever (the figures measured on it unchanged).
-  texts = {name: text for name, _, text in _texts(kept, reading, False)}
-  logging.info('stdlib corpus: %d files read from %s, %d skipped.',
-               reading.read, root, len(reading.skipped))
-  splits = _documents_from_files(texts, max_doc_chars, validation_fraction)
+
+  def stream():
+    # Strict: the stdlib's only such files are its encoding tests' malformed
+    # sources, skipped as ever (the figures measured on it unchanged).
+    for name, _, text in _texts(kept, reading, False):
+      yield from _file_documents(name, text, max_doc_chars,
+                                 validation_fraction)
+    logging.info('stdlib corpus: %d files read from %s, %d skipped.',
+                 reading.read, root, len(reading.skipped))
+  return reading, stream()
+
+
+def read_python_stdlib(
+    max_doc_chars: int, validation_fraction: float,
+    max_corpus_chars: int = 0) -> tuple[dict[str, list[Document]], Reading]:
+  """`python_stdlib_documents` and what reading found."""
+  reading, stream = stream_python_stdlib(max_doc_chars, validation_fraction,
+                                         max_corpus_chars)
+  splits = collect(stream)
   _log_sizes('stdlib corpus', splits)
   return splits, reading
 
@@ -315,22 +352,64 @@ def _jsonl_texts(path: epath.Path, text: str,
     yield line_no, field
 
 
-def _add_chunks(split: list[Document], doc_id: str, text: str,
-                max_doc_chars: int, first_plain: bool) -> int:
-  """Appends the non-blank chunks of `text`; returns how many were blank.
+def _chunk_documents(split: str, doc_id: str, text: str,
+                     max_doc_chars: int, first_plain: bool
+                     ) -> Iterator[tuple[str, Document | None]]:
+  """(split, document) of each non-blank chunk of `text`, and (split, None)
+  for each blank one.
 
   `first_plain`: the first chunk's id is `doc_id` itself (`.jsonl` lines),
   else every chunk is `doc_id#index`.
   """
-  blank = 0
   for index, chunk in enumerate(chunk_text(text, max_doc_chars)):
     if not chunk.strip():
-      blank += 1
+      yield split, None
     elif index == 0 and first_plain:
-      split.append(Document(doc_id, chunk))
+      yield split, Document(doc_id, chunk)
     else:
-      split.append(Document(f'{doc_id}#{index}', chunk))
-  return blank
+      yield split, Document(f'{doc_id}#{index}', chunk)
+
+
+def stream_text_files(
+    pattern: str, text_field: str, max_doc_chars: int,
+    validation_fraction: float, max_corpus_chars: int = 0
+) -> tuple[Reading, Iterator[tuple[str, Document]]]:
+  """`text_files_documents` as a stream of (split, document), one file read
+  at a time; the `Reading` is complete once the stream is exhausted."""
+  _check_args(max_doc_chars, validation_fraction)
+  _, files = corpus_files.text_files(pattern)
+  reading = Reading(f'text files {pattern!r}', f'matched by {pattern!r}')
+  kept = _read_files(files, reading, max_corpus_chars)
+
+  def stream():
+    blank_pieces = 0
+    for relpath, path, text in _texts(kept, reading):
+      if path.suffix == '.jsonl':
+        docs = 0
+        for line_no, line_text in _jsonl_texts(path, text, text_field):
+          doc_id = f'{relpath}:{line_no}'
+          for split, doc in _chunk_documents(
+              _split_of(doc_id, validation_fraction), doc_id, line_text,
+              max_doc_chars, first_plain=True):
+            if doc is None:
+              blank_pieces += 1
+            else:
+              docs += 1
+              yield split, doc
+        # Blank if it gave no document (`_texts` counted the whole text).
+        reading.blank += docs == 0 and bool(text.strip())
+        continue
+      for split, doc in _chunk_documents(
+          _split_of(relpath, validation_fraction), relpath, text,
+          max_doc_chars, first_plain=False):
+        if doc is None:
+          blank_pieces += 1
+        else:
+          yield split, doc
+    logging.info('text files %r: %d files read, %d blank pieces and %d '
+                 'files skipped.', pattern, reading.read, blank_pieces,
+                 len(reading.skipped))
+  return reading, stream()
 
 
 def read_text_files(
@@ -338,30 +417,9 @@ def read_text_files(
     validation_fraction: float,
     max_corpus_chars: int = 0) -> tuple[dict[str, list[Document]], Reading]:
   """`text_files_documents` and what reading found."""
-  _check_args(max_doc_chars, validation_fraction)
-  _, files = corpus_files.text_files(pattern)
-  reading = Reading(f'text files {pattern!r}', f'matched by {pattern!r}')
-  splits = {'train': [], 'validation': []}
-  blank_pieces = 0
-  kept = _read_files(files, reading, max_corpus_chars)
-  for relpath, path, text in _texts(kept, reading):
-    if path.suffix == '.jsonl':
-      before = sum(map(len, splits.values()))
-      for line_no, line_text in _jsonl_texts(path, text, text_field):
-        doc_id = f'{relpath}:{line_no}'
-        blank_pieces += _add_chunks(
-            splits[_split_of(doc_id, validation_fraction)], doc_id,
-            line_text, max_doc_chars, first_plain=True)
-      # Blank if it gave no document (`_texts` counted the whole text).
-      reading.blank += (sum(map(len, splits.values())) == before
-                        and bool(text.strip()))
-      continue
-    blank_pieces += _add_chunks(
-        splits[_split_of(relpath, validation_fraction)], relpath, text,
-        max_doc_chars, first_plain=False)
-  logging.info('text files %r: %d files read, %d blank pieces and %d files '
-               'skipped.', pattern, reading.read, blank_pieces,
-               len(reading.skipped))
+  reading, stream = stream_text_files(pattern, text_field, max_doc_chars,
+                                      validation_fraction, max_corpus_chars)
+  splits = collect(stream)
   _log_sizes(f'text files {pattern!r}', splits)
   return splits, reading
 

@@ -93,15 +93,37 @@ def file_manifest(files: dict[str, epath.Path],
   return h.hexdigest(), record
 
 
+class Fingerprint:
+  """A sha256 of every split's doc ids and texts, in order, fed a document
+  at a time (splits may interleave: each has its own digest, combined at
+  the end), so a corpus is fingerprinted without being held."""
+
+  def __init__(self):
+    self._splits = {}  # name -> [count, sha256]
+
+  def add(self, split: str, doc) -> None:
+    entry = self._splits.setdefault(split, [0, hashlib.sha256()])
+    entry[0] += 1
+    for field in (doc.doc_id, doc.text):
+      data = field.encode('utf-8')
+      # Length prefixes keep ('ab', 'c') and ('a', 'bc') apart.
+      entry[1].update(len(data).to_bytes(8, 'little'))
+      entry[1].update(data)
+
+  def hexdigest(self, splits=None) -> str:
+    """Of `splits` (names, in this order; default: all, in first-seen
+    order); a split never fed counts as empty."""
+    h = hashlib.sha256()
+    for name in (self._splits if splits is None else splits):
+      count, digest = self._splits.get(name, (0, hashlib.sha256()))
+      h.update(f'split:{name}:{count}:{digest.hexdigest()}\0'.encode())
+    return h.hexdigest()
+
+
 def corpus_fingerprint(splits: dict[str, list]) -> str:
   """A sha256 hex digest of every split's doc ids and texts, in order."""
-  h = hashlib.sha256()
+  fingerprint = Fingerprint()
   for name, docs in splits.items():
-    h.update(f'split:{name}:{len(docs)}\0'.encode('utf-8'))
     for doc in docs:
-      for field in (doc.doc_id, doc.text):
-        data = field.encode('utf-8')
-        # Length prefixes keep ('ab', 'c') and ('a', 'bc') apart.
-        h.update(len(data).to_bytes(8, 'little'))
-        h.update(data)
-  return h.hexdigest()
+      fingerprint.add(name, doc)
+  return fingerprint.hexdigest(list(splits))

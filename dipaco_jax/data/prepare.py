@@ -1,10 +1,19 @@
 """The data stage: corpus -> tokenizer -> token documents, cached in workdir.
 
-Output (under `{workdir}/data/`): `train.npz`, `validation.npz` (TokenDocs),
-`units.npz` (per split, each document's split unit: its file, see
-`corpora.unit_of`), `manifest.json` (the corpus files' sizes, times and
-sha256, see `corpus_manifest.file_manifest`) and `info.json`, written last, with
-the stage's key, the corpus fingerprint and the tokenizer hash.
+Output (under `{workdir}/data/`): `train/`, `validation/` (token stores,
+`data/doc_store.py`), `units.npz` (per split, each document's split unit:
+its file, see `corpora.unit_of`), `manifest.json` (the corpus files' sizes,
+times and sha256, see `corpus_manifest.file_manifest`) and `info.json`,
+written last, with the stage's key, the corpus fingerprint and the
+tokenizer hash.
+
+Streaming. The corpus is never held: it is read as a stream of (split,
+document), one file (or TFDS record) at a time, in up to three passes: a
+scan (document counts, split units, the fingerprint, empty splits refused),
+the tokenizer's training lines (only when a tokenizer is trained), and the
+encoding, `_ENCODE_BATCH_CHARS` at a time, into the stores. What the stage
+holds grows with the number of files and documents (8 bytes a document for
+the units), not with their text.
 
 Keying. The stage is reused when its key is the one in `info.json`; the key
 covers the data config fields that shape the documents
@@ -26,13 +35,16 @@ import dataclasses
 import hashlib
 import json
 import os
+from typing import Iterable, Iterator
 
 from absl import logging
 from etils import epath
+import numpy as np
 
 from dipaco_jax.data import corpora
 from dipaco_jax.data import corpus_files
 from dipaco_jax.data import corpus_manifest
+from dipaco_jax.data import doc_store
 from dipaco_jax.data import token_store
 from dipaco_jax.data import tokenizer as tokenizer_lib
 from dipaco_jax.store import atomic
@@ -40,8 +52,9 @@ from dipaco_jax.store import atomic
 _SPLITS = ("train", "validation")
 # 2: units.npz; 3: inputs fingerprint; 4: a file with a few undecodable
 # bytes is read with them replaced, no longer skipped (same files, other
-# text). Older data dirs are redone.
-_FORMAT = 4
+# text); 5: token stores on disk, a streamed fingerprint. Older data dirs
+# are redone.
+_FORMAT = 5
 _SHOW_SKIPPED = 5  # File names listed in a `[data] skipped` line.
 
 # The data config fields that shape the documents and the tokenizer: they
@@ -55,7 +68,7 @@ DATA_STAGE_FIELDS = (
 @dataclasses.dataclass
 class DataBundle:
   tokenizer: tokenizer_lib.Tokenizer
-  docs: dict  # split -> TokenDocs
+  docs: dict  # split -> doc_store.DocView of the split's token store
   hashes: dict  # corpus, tokenizer
   units: dict  # split -> int64 [N]: the file (split unit) of each document
 
@@ -128,31 +141,69 @@ def corpus_inputs(data_config, previous: dict) -> tuple[dict, dict]:
   return {"corpus": corpus, "tokenizer_model": tokenizer}, record
 
 
-def read_corpus(data_config) -> tuple[dict, corpora.Reading | None]:
-  """The documents of each split and what reading found (None for c4);
-  with `data.selection_split`, the split made of training files only."""
-  splits, reading = _read_splits(data_config)
+def stream_corpus(data_config
+                  ) -> tuple[corpora.Reading | None, Iterator]:
+  """The corpus as a stream of (split, `corpora.Document`), read as it is
+  consumed, and what reading found (None for c4; complete once the stream
+  is exhausted); with `data.selection_split`, the split made of training
+  files only. Each call reads the corpus again."""
+  reading, stream = _stream_splits(data_config)
   if data_config.get("selection_split", False):
-    splits = corpora.selection_split(splits, data_config.validation_fraction)
-  return splits, reading
+    stream = corpora.selection_stream(stream, data_config.validation_fraction)
+  return reading, stream
 
 
-def _read_splits(data_config) -> tuple[dict, corpora.Reading | None]:
+def read_corpus(data_config) -> tuple[dict, corpora.Reading | None]:
+  """`stream_corpus` collected into {split: [documents]} (small corpora)."""
+  reading, stream = stream_corpus(data_config)
+  return corpora.collect(stream), reading
+
+
+def _stream_splits(data_config) -> tuple[corpora.Reading | None, Iterator]:
   d = data_config
   if d.corpus == "python_stdlib":
-    return corpora.read_python_stdlib(d.max_doc_chars, d.validation_fraction,
-                                      d.max_corpus_chars)
+    return corpora.stream_python_stdlib(d.max_doc_chars,
+                                        d.validation_fraction,
+                                        d.max_corpus_chars)
   if d.corpus == "text_files":
-    return corpora.read_text_files(d.text_glob, d.text_field,
-                                   d.max_doc_chars, d.validation_fraction,
-                                   d.max_corpus_chars)
+    return corpora.stream_text_files(d.text_glob, d.text_field,
+                                     d.max_doc_chars, d.validation_fraction,
+                                     d.max_corpus_chars)
   if d.corpus == "c4":
     from dipaco_jax.data import c4  # pylint: disable=g-import-not-at-top
-    docs = {split: [corpora.Document(*doc) for doc in c4.c4_documents(
-        split, d.max_documents)] for split in _SPLITS}
-    return docs, None
+    # Opened now, so that a missing dataset fails before anything is read.
+    opened = [(split, c4.iter_c4_documents(split, d.max_documents))
+              for split in _SPLITS]
+    return None, ((split, corpora.Document(*doc)) for split, docs in opened
+                  for doc in docs)
   raise corpora.CorpusError(
       f"config.data.corpus: unknown corpus {d.corpus!r}")
+
+
+@dataclasses.dataclass
+class Scan:
+  """What one pass over the corpus found, without its text: documents and
+  split units per split, the fingerprint."""
+  num_docs: dict
+  unit_names: dict  # split -> set of unit names (files, .jsonl lines)
+  units: dict  # split -> int64 [N]: each document's unit, numbered
+  fingerprint: corpus_manifest.Fingerprint
+
+
+def scan_corpus(stream: Iterable) -> Scan:
+  """Counts, units and the fingerprint of a (split, document) stream."""
+  num_docs = {s: 0 for s in _SPLITS}
+  numbers = {s: {} for s in _SPLITS}
+  units = {s: [] for s in _SPLITS}
+  fingerprint = corpus_manifest.Fingerprint()
+  for split, doc in stream:
+    num_docs[split] += 1
+    fingerprint.add(split, doc)
+    unit = corpora.unit_of(doc.doc_id)
+    units[split].append(numbers[split].setdefault(unit, len(numbers[split])))
+  return Scan(num_docs, {s: set(numbers[s]) for s in _SPLITS},
+              {s: np.array(units[s], np.int64) for s in _SPLITS},
+              fingerprint)
 
 
 # --- Messages ----------------------------------------------------------------
@@ -197,8 +248,8 @@ def _count(n: int, what: str) -> str:
   return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
-def _found(reading: corpora.Reading | None, splits: dict) -> str:
-  counts = ", ".join(f"{s} {len(splits.get(s) or ()):,}" for s in _SPLITS)
+def _found(reading: corpora.Reading | None, scan: Scan) -> str:
+  counts = ", ".join(f"{s} {scan.num_docs[s]:,}" for s in _SPLITS)
   if reading is None:
     return f"Documents per split: {counts}."
   skipped = f", {len(reading.skipped)} skipped" if reading.skipped else ""
@@ -208,13 +259,7 @@ def _found(reading: corpora.Reading | None, splits: dict) -> str:
           f"{skipped}{blank}; documents per split: {counts}.")
 
 
-def _units(splits: dict) -> dict:
-  """Split units (files; `.jsonl` lines) per split."""
-  return {s: {corpora.unit_of(doc.doc_id) for doc in splits.get(s) or ()}
-          for s in _SPLITS}
-
-
-def _fix(data_config, reading: corpora.Reading | None, splits: dict,
+def _fix(data_config, reading: corpora.Reading | None, scan: Scan,
          empty: str) -> str:
   """What to change so that the `empty` split gets documents."""
   d = data_config
@@ -226,7 +271,7 @@ def _fix(data_config, reading: corpora.Reading | None, splits: dict,
     return (f"config.data.max_corpus_chars={d.max_corpus_chars:,} is "
             f"smaller than every file (the smallest has "
             f"{reading.smallest:,} bytes): raise it (0 = no cap).")
-  units = _units(splits)
+  units = scan.unit_names
   if not units["train"] and not units["validation"]:
     if reading.skipped and not reading.read:
       # The kind only: 'unreadable: Permission denied' -> 'unreadable'.
@@ -258,19 +303,19 @@ def _fix(data_config, reading: corpora.Reading | None, splits: dict,
           f"{fix}.")
 
 
-def check_splits(data_config, splits: dict,
+def check_splits(data_config, scan: Scan,
                  reading: corpora.Reading | None) -> None:
   """Raises CorpusError, saying what was found and the fix, when a split
   is empty (both are needed: train to train, validation to evaluate)."""
-  empty = [s for s in _SPLITS if not splits.get(s)]
+  empty = [s for s in _SPLITS if not scan.num_docs[s]]
   if not empty:
     return
   which = " and ".join(empty)
   raise corpora.CorpusError(
       f"The {which} split{'s are' if len(empty) > 1 else ' is'} empty "
       f"(config.data.corpus={data_config.corpus!r}). "
-      + _found(reading, splits) + " " + _fix(data_config, reading, splits,
-                                             empty[0]))
+      + _found(reading, scan) + " " + _fix(data_config, reading, scan,
+                                           empty[0]))
 
 
 def _changes(before: dict, after: dict) -> str:
@@ -312,6 +357,39 @@ def _why_again(info: dict, key: str, config_key: str, inputs: dict,
 
 # --- The stage ---------------------------------------------------------------
 
+# Characters of text encoded at a time: what the encoding pass holds.
+_ENCODE_BATCH_CHARS = 16_000_000
+
+
+def _encode_to_stores(tok: tokenizer_lib.Tokenizer, stream: Iterable,
+                      directories: dict) -> dict:
+  """Encodes a (split, document) stream into one token store a split; each
+  document becomes `[BOS] + encode(text)`, in stream order. Returns
+  {split: DocStore}."""
+  writers = {s: doc_store.DocStoreWriter(directories[s]) for s in _SPLITS}
+  bos = np.array([tok.bos_id], np.int32)
+
+  def flush(batch):
+    for (split, doc), ids in zip(batch, encoder.encode(
+        [doc.text for _, doc in batch])):
+      tokens = np.concatenate([bos, ids.astype(np.int32)])
+      token_store.check_vocab(tokens, tok.vocab_size, tok,
+                              f"Document {doc.doc_id!r}")
+      writers[split].add(tokens)
+
+  with token_store.Encoder(tok) as encoder:
+    batch, chars = [], 0
+    for split, doc in stream:
+      batch.append((split, doc))
+      chars += len(doc.text)
+      if chars >= _ENCODE_BATCH_CHARS:
+        flush(batch)
+        batch, chars = [], 0
+    if batch:
+      flush(batch)
+  return {s: writer.close() for s, writer in writers.items()}
+
+
 
 def _load(out: epath.Path, info: dict) -> DataBundle | None:
   """The stored stage, or None when its tokenizer is not the one it was
@@ -322,7 +400,10 @@ def _load(out: epath.Path, info: dict) -> DataBundle | None:
     return None
   if tok.sha256[:16] != info.get("hashes", {}).get("tokenizer"):
     return None
-  docs = {s: token_store.TokenDocs.load(out / f"{s}.npz") for s in _SPLITS}
+  try:
+    docs = {s: doc_store.DocStore(out / s).view() for s in _SPLITS}
+  except doc_store.StoreError:
+    return None  # Unfinished or damaged: the stage runs again.
   units = token_store.load_npz(out / "units.npz", _SPLITS)
   return DataBundle(tok, docs, info["hashes"], units)
 
@@ -349,30 +430,43 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
   print(f"[data] reading corpus {data_config.corpus!r}"
         + _why_again(info, key, config_key, inputs, previous, record),
         flush=True)
-  splits, reading = read_corpus(data_config)
+  reading, stream = stream_corpus(data_config)
+  scan = scan_corpus(stream)
   if reading is not None:  # c4 has no files to name.
     for line in (skipped_line(reading), replaced_line(reading)):
       if line:
         print(line, flush=True)
-  check_splits(data_config, splits, reading)
+  check_splits(data_config, scan, reading)
   # From here on data/ is rewritten: first drop info.json, so that a crash
   # half-way leaves no key that would reuse a mix of old and new files.
   if info_path.exists():
     info_path.unlink()
-  fingerprint = corpus_manifest.corpus_fingerprint(splits)
+  fingerprint = scan.fingerprint.hexdigest(_SPLITS)
+
+  def train_texts():
+    return (doc.text for split, doc in stream_corpus(data_config)[1]
+            if split == "train")
   tok = tokenizer_lib.load_or_train_tokenizer(
-      workdir, lambda: (doc.text for doc in splits["train"]),
-      data_config.vocab_size, data_config.tokenizer_model, seed,
-      data_config.tokenizer_max_sentences,
-      texts_key=corpus_manifest.corpus_fingerprint({"train": splits["train"]})[:16])
+      workdir, train_texts, data_config.vocab_size,
+      data_config.tokenizer_model, seed, data_config.tokenizer_max_sentences,
+      texts_key=scan.fingerprint.hexdigest(["train"])[:16])
   print(f"[data] tokenizer: {tok.vocab_size} pieces", flush=True)
-  docs = {s: token_store.encode_documents(
-      tok, [doc.text for doc in splits[s]], tok.vocab_size) for s in _SPLITS}
   out.mkdir(parents=True, exist_ok=True)
-  for s in _SPLITS:
-    docs[s].save(out / f"{s}.npz")
-  units = {s: corpora.unit_ids([doc.doc_id for doc in splits[s]])
-           for s in _SPLITS}
+  read_again = corpus_manifest.Fingerprint()
+
+  def fingerprinted(stream):
+    for split, doc in stream:
+      read_again.add(split, doc)
+      yield split, doc
+  stores = _encode_to_stores(tok, fingerprinted(stream_corpus(data_config)[1]),
+                             {s: out / s for s in _SPLITS})
+  if read_again.hexdigest(_SPLITS) != fingerprint:
+    raise corpora.CorpusError(
+        f"The corpus changed while the data stage read it "
+        f"(config.data.corpus={data_config.corpus!r}): rerun once the files "
+        "stop changing.")
+  docs = {s: store.view() for s, store in stores.items()}
+  units = scan.units
   token_store.save_npz(out / "units.npz", **units)
   atomic.write_json(manifest_path, {"files": record}, indent=None)
   hashes = {"corpus": fingerprint[:16], "tokenizer": tok.sha256[:16]}

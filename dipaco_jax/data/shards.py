@@ -1,53 +1,62 @@
-"""Per-path shards of tokenized documents, with a manifest.
+"""Per-path shards: index files into the token store, with a manifest.
 
-Each path p trains on `shard_{p:05d}.npz` (its documents as `TokenDocs`,
-plus `doc_indices`: where each came from in the full corpus). A dense run
-has one shard. `manifest.json` lists the shards with their sizes and content
-hashes and the hashes of what produced them (corpus, tokenizer, router).
+Each path p trains on `shard_{p:05d}.npz`, which holds `doc_indices` only:
+which documents of the split's token store (`data/doc_store.py`) are its,
+in order. Nothing is copied: a shard costs 8 bytes a document on disk, and
+training reads its rows from the store (`doc_store.StreamRows`). A dense
+run has one shard. `manifest.json` lists the shards with their sizes and
+hashes, names the store and its sha256, and records the hashes of what
+produced them (corpus, tokenizer, router).
 
 The manifest is written last and atomically: a directory without one is
 unfinished, so an interrupted write is redone, never half-used (DESIGN
 invariant 5). Checkpoints record the shard hashes (invariant 4), and
-`load_shard` checks each file against its hash.
+`load_shard` checks each index file against its hash and the store against
+the manifest's (riegeli checksums the store's records as they are read).
 """
 
 import hashlib
 import json
+import os
 from typing import Sequence
 
 from absl import logging
 from etils import epath
 import numpy as np
 
+from dipaco_jax.data import doc_store
 from dipaco_jax.data import token_store
 from dipaco_jax.store import atomic
 
 MANIFEST = 'manifest.json'
+_STORE_DIR = 'docs'  # In-memory documents given to `write_shards` go here.
 
 
 def shard_file(index: int) -> str:
   return f'shard_{index:05d}.npz'
 
 
-def _shard_sha256(docs: token_store.TokenDocs,
-                  doc_indices: np.ndarray) -> str:
-  """Content hash of a shard (npz bytes carry timestamps, so not those)."""
-  h = hashlib.sha256(docs.sha256().encode('ascii'))
+def _shard_sha256(store_sha256: str, store_indices: np.ndarray) -> str:
+  """A shard's hash: its store's content and its documents' indices."""
+  h = hashlib.sha256(store_sha256.encode('ascii'))
   h.update(b'doc_indices:int64<')
-  h.update(np.asarray(doc_indices).astype('<i8', copy=False).tobytes())
+  h.update(np.asarray(store_indices).astype('<i8', copy=False).tobytes())
   return h.hexdigest()
 
 
-def write_shards(directory: str, token_docs: token_store.TokenDocs,
+def write_shards(directory: str,
+                 docs: doc_store.DocView | token_store.TokenDocs,
                  doc_indices_per_shard: Sequence[np.ndarray],
                  hashes: dict[str, str]) -> dict:
-  """Writes one shard per path, then the manifest.
+  """Writes one index file per path, then the manifest.
 
   Args:
     directory: the output directory (created if needed).
-    token_docs: all documents.
-    doc_indices_per_shard: for each shard, the indices into `token_docs` of
-      its documents, in order.
+    docs: all documents, as a view of a token store (the data stage's); in
+      memory (tests, generated text) they are first written to a store in
+      `directory/docs`.
+    doc_indices_per_shard: for each shard, the indices into `docs` of its
+      documents, in order.
     hashes: provenance recorded in the manifest (e.g. corpus, tokenizer,
       router hashes).
 
@@ -62,7 +71,7 @@ def write_shards(directory: str, token_docs: token_store.TokenDocs,
                        for ix in doc_indices_per_shard]
   if not indices_per_shard:
     raise ValueError('write_shards needs at least one shard.')
-  lengths = token_docs.lengths()
+  lengths = docs.lengths()
   for index, ix in enumerate(indices_per_shard):
     if ix.size == 0 or lengths[ix].sum() == 0:
       raise ValueError(
@@ -74,19 +83,25 @@ def write_shards(directory: str, token_docs: token_store.TokenDocs,
   if manifest_path.exists():
     # From here on the directory is unfinished until the new manifest lands.
     manifest_path.unlink()
+  if not isinstance(docs, doc_store.DocView):
+    docs = doc_store.write_token_docs(directory / _STORE_DIR, docs).view()
   entries = []
   for index, ix in enumerate(indices_per_shard):
-    docs = token_docs.subset(ix)
-    token_store.save_npz(directory / shard_file(index), tokens=docs.tokens,
-                         offsets=docs.offsets, doc_indices=ix)
+    store_ix = docs.indices[ix]
+    token_store.save_npz(directory / shard_file(index), doc_indices=ix,
+                         store_indices=store_ix)
     entries.append({
         'index': index,
         'file': shard_file(index),
-        'num_documents': len(docs),
-        'num_tokens': docs.num_tokens,
-        'sha256': _shard_sha256(docs, ix),
+        'num_documents': int(ix.size),
+        'num_tokens': int(lengths[ix].sum()),
+        'sha256': _shard_sha256(docs.store.sha256, store_ix),
     })
   manifest = {'num_shards': len(entries), 'shards': entries,
+              # Relative, so that a moved work directory still finds it.
+              'store': os.path.relpath(os.fspath(docs.store.directory),
+                                       os.fspath(directory)),
+              'store_sha256': docs.store.sha256,
               'hashes': dict(hashes)}
   atomic.write_json(manifest_path, manifest, indent=2)
   logging.info('Wrote %d shards to %s (tokens per shard: %s).', len(entries),
@@ -107,33 +122,44 @@ def read_manifest(directory: str) -> dict | None:
 
 
 def load_shard_with_indices(
-    directory: str, index: int) -> tuple[token_store.TokenDocs, np.ndarray]:
-  """Shard `index` and its `doc_indices`, checked against the manifest."""
+    directory: str, index: int) -> tuple[doc_store.DocView, np.ndarray]:
+  """Shard `index` (a view of the store) and its `doc_indices`, checked
+  against the manifest."""
   manifest = read_manifest(directory)
   if manifest is None:
     raise ValueError(f'No {MANIFEST} in {directory}: the shards were never '
                      'finished. Rerun the sharding stage.')
+  if 'store' not in manifest:
+    raise ValueError(f'{directory} holds shards of an older format (copies, '
+                     'not index files). Delete it and rerun.')
   if not 0 <= index < manifest['num_shards']:
     raise ValueError(f'Shard {index} does not exist in {directory} (it has '
                      f'{manifest["num_shards"]}); the number of paths must '
                      'match the shards.')
   entry = manifest['shards'][index]
   path = epath.Path(directory) / entry['file']
-  arrays = token_store.load_npz(path, ('tokens', 'offsets', 'doc_indices'))
-  try:
-    docs = token_store.TokenDocs(arrays['tokens'], arrays['offsets'])
-  except ValueError as e:
-    raise ValueError(f'{path} is corrupt ({e}). Delete {directory} and rerun '
-                     'the sharding stage.') from e
-  digest = _shard_sha256(docs, arrays['doc_indices'])
+  arrays = token_store.load_npz(path, ('doc_indices', 'store_indices'))
+  store = doc_store.open_store(epath.Path(directory) / manifest['store'])
+  if store.sha256 != manifest['store_sha256']:
+    raise ValueError(
+        f'The token store {store.directory} is not the one the shards in '
+        f'{directory} index (sha256 {store.sha256[:16]} vs '
+        f'{manifest["store_sha256"][:16]}): the data stage was rerun since. '
+        f'Delete {directory} and rerun the sharding stage.')
+  digest = _shard_sha256(store.sha256, arrays['store_indices'])
   if digest != entry['sha256']:
     raise ValueError(
         f'{path} does not match its sha256 in the manifest ({digest} vs '
         f'{entry["sha256"]}): it was changed after writing. Delete '
         f'{directory} and rerun the sharding stage.')
+  try:
+    docs = store.view(arrays['store_indices'])
+  except IndexError as e:
+    raise ValueError(f'{path} is corrupt ({e}). Delete {directory} and rerun '
+                     'the sharding stage.') from e
   return docs, arrays['doc_indices']
 
 
-def load_shard(directory: str, index: int) -> token_store.TokenDocs:
-  """Shard `index` as `TokenDocs`, checked against the manifest's sha256."""
+def load_shard(directory: str, index: int) -> doc_store.DocView:
+  """Shard `index` as a view of the store, checked against the manifest."""
   return load_shard_with_indices(directory, index)[0]

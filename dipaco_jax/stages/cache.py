@@ -72,8 +72,10 @@ def make_shards(workdir, name, docs, doc_indices_per_shard, hashes):
 
   def write_or_reuse():
     manifest = shards_lib.read_manifest(str(directory))
+    # Shards without "store" are copies of an older format: rewritten.
     if manifest is not None and manifest["hashes"] == hashes and (
-        manifest["num_shards"] == len(doc_indices_per_shard)):
+        manifest["num_shards"] == len(doc_indices_per_shard)) and (
+            "store" in manifest):
       return manifest
     return shards_lib.write_shards(str(directory), docs,
                                    doc_indices_per_shard, hashes)

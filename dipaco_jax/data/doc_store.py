@@ -1,0 +1,441 @@
+"""Tokenized documents on disk: written as a stream, read by range.
+
+A store is a directory:
+
+* `tokens-00000.array_record`, ...: every document's tokens (BOS first)
+  concatenated into one stream and cut into records of `chunk_tokens`
+  little-endian int32 (the last record may be shorter), written with
+  ArrayRecord and read through Grain's `ArrayRecordDataSource` (random
+  access by record index, thread-safe; riegeli checksums every chunk, so a
+  damaged file fails its read instead of returning other tokens);
+* `offsets.i64`: raw little-endian int64 [N + 1], document i is
+  `stream[offsets[i]:offsets[i + 1]]`; memory-mapped, so a process touches
+  only the pages of the documents it reads;
+* `store.json`, written last: sizes, files and the sha256 of the tokens and
+  offsets (the same digest `TokenDocs.sha256` gives). A directory without it
+  is unfinished and is rewritten.
+
+Why fixed chunks of the stream and not a record a document: training reads
+rows of `seq_len + 1` tokens that cross document boundaries and routing
+reads a document's first 32 tokens; with fixed chunks any range costs at
+most `ceil(len / chunk_tokens) + 1` record reads whatever the document
+lengths (a C4 document runs from a few tokens to 100k).
+
+Memory a process holds: the writer holds one record, the open file's
+buffers and nothing per document (offsets are appended to their file); a
+reader holds the cache of decoded records (`CACHE_RECORDS` x 16 KiB) and
+the offsets pages it touched. `DocView` adds 8 bytes per document of the
+view (its cumulative lengths).
+"""
+
+import collections
+import hashlib
+import json
+import os
+import threading
+from typing import Iterable, Sequence
+
+from etils import epath
+import numpy as np
+
+from dipaco_jax.data import token_store
+from dipaco_jax.store import atomic
+
+STORE_FILE = 'store.json'
+OFFSETS_FILE = 'offsets.i64'
+CHUNK_TOKENS = 4096  # 16 KiB a record: a training row spans one or two.
+RECORDS_PER_FILE = 16384  # 256 MiB files: a few per GB of text.
+CACHE_RECORDS = 256  # 4 MiB of decoded records a store keeps.
+_FORMAT = 1
+
+
+class StoreError(ValueError):
+  """A store that is missing, unfinished or damaged; says the fix."""
+
+
+def _require_local(directory: epath.Path) -> None:
+  if '://' in os.fspath(directory):
+    raise StoreError(
+        f'{directory}: a token store must be on a local disk (ArrayRecord '
+        'reads local files); use a local --workdir and copy results out.')
+
+
+class DocStoreWriter:
+  """Appends documents to a new store; `close()` finishes it.
+
+  Memory: one record of tokens, the files' buffers; nothing per document.
+  """
+
+  def __init__(self, directory: str | os.PathLike[str],
+               chunk_tokens: int = CHUNK_TOKENS,
+               records_per_file: int = RECORDS_PER_FILE):
+    # Imported here: only writing and reading stores needs ArrayRecord.
+    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+    self._module = array_record_module
+    self._dir = epath.Path(directory)
+    _require_local(self._dir)
+    if chunk_tokens <= 0 or records_per_file <= 0:
+      raise ValueError('chunk_tokens and records_per_file must be > 0.')
+    self._dir.mkdir(parents=True, exist_ok=True)
+    (self._dir / STORE_FILE).unlink(missing_ok=True)  # Unfinished from now.
+    for old in self._dir.glob('tokens-*.array_record'):
+      old.unlink()
+    self._chunk = chunk_tokens
+    self._records_per_file = records_per_file
+    self._pending = []  # Token arrays not yet in a record.
+    self._pending_size = 0
+    self._files = []  # [name, records]
+    self._writer = None
+    self._num_docs = 0
+    self._num_tokens = 0
+    self._token_hash = hashlib.sha256(b'tokens:int32<')
+    self._offsets = open(self._dir / OFFSETS_FILE, 'wb')  # pylint: disable=consider-using-with
+    self._offsets.write(np.zeros(1, '<i8').tobytes())
+
+  def add(self, tokens: np.ndarray) -> None:
+    """Appends one document (its tokens, BOS included)."""
+    tokens = np.asarray(tokens).astype('<i4', copy=False).reshape(-1)
+    self._token_hash.update(tokens.tobytes())
+    self._num_docs += 1
+    self._num_tokens += tokens.size
+    self._offsets.write(np.array([self._num_tokens], '<i8').tobytes())
+    self._pending.append(tokens)
+    self._pending_size += tokens.size
+    if self._pending_size >= self._chunk:
+      stream = np.concatenate(self._pending)
+      full = stream.size // self._chunk * self._chunk
+      for start in range(0, full, self._chunk):
+        self._write_record(stream[start:start + self._chunk])
+      self._pending = [stream[full:]]
+      self._pending_size = stream.size - full
+
+  def add_all(self, docs: Iterable[np.ndarray]) -> None:
+    for tokens in docs:
+      self.add(tokens)
+
+  def _write_record(self, tokens: np.ndarray) -> None:
+    if self._writer is None or self._files[-1][1] >= self._records_per_file:
+      if self._writer is not None:
+        self._writer.close()
+      name = f'tokens-{len(self._files):05d}.array_record'
+      # group_size:1, uncompressed: a record is read alone, without its
+      # neighbours (token ids do not compress much anyway).
+      self._writer = self._module.ArrayRecordWriter(
+          os.fspath(self._dir / name), 'group_size:1,uncompressed')
+      self._files.append([name, 0])
+    self._writer.write(tokens.tobytes())
+    self._files[-1][1] += 1
+
+  def close(self) -> 'DocStore':
+    """Writes the last record, the offsets and `store.json` (last)."""
+    if self._pending_size:
+      self._write_record(np.concatenate(self._pending))
+    self._pending, self._pending_size = [], 0
+    if self._writer is not None:
+      self._writer.close()
+    self._offsets.close()
+    # The offsets are hashed from their file: nothing per document is kept.
+    digest = self._token_hash.copy()
+    digest.update(b'offsets:int64<')
+    with open(self._dir / OFFSETS_FILE, 'rb') as f:
+      for block in iter(lambda: f.read(1 << 20), b''):
+        digest.update(block)
+    atomic.write_json(self._dir / STORE_FILE, {
+        'format': _FORMAT, 'num_documents': self._num_docs,
+        'num_tokens': self._num_tokens, 'chunk_tokens': self._chunk,
+        'files': self._files, 'sha256': digest.hexdigest()}, indent=1)
+    return DocStore(self._dir)
+
+
+def write_token_docs(directory: str | os.PathLike[str],
+                     docs: token_store.TokenDocs,
+                     chunk_tokens: int = CHUNK_TOKENS) -> 'DocStore':
+  """A store holding `docs` (in-memory documents, e.g. in tests)."""
+  writer = DocStoreWriter(directory, chunk_tokens)
+  writer.add_all(docs.doc(i) for i in range(len(docs)))
+  return writer.close()
+
+
+_OPEN = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def open_store(directory: str | os.PathLike[str]) -> 'DocStore':
+  """The store at `directory`, opened once a process (every path's shard
+  of a run shares one reader and one record cache); reopened when its
+  `store.json` changed (the data stage ran again)."""
+  key = os.path.realpath(os.fspath(directory))
+  try:
+    stamp = os.stat(os.path.join(key, STORE_FILE)).st_mtime_ns
+  except OSError:
+    stamp = None
+  with _OPEN_LOCK:
+    cached = _OPEN.get(key)
+    if cached is None or cached[0] != stamp:
+      cached = (stamp, DocStore(key))
+      _OPEN[key] = cached
+    return cached[1]
+
+
+def is_store(directory: str | os.PathLike[str]) -> bool:
+  return (epath.Path(directory) / STORE_FILE).exists()
+
+
+class DocStore:
+  """A finished store, opened for reading (module docstring: layout)."""
+
+  def __init__(self, directory: str | os.PathLike[str]):
+    self.directory = epath.Path(directory)
+    _require_local(self.directory)
+    path = self.directory / STORE_FILE
+    try:
+      info = json.loads(path.read_text())
+    except FileNotFoundError as e:
+      raise StoreError(f'{path} is missing: the token store in '
+                       f'{self.directory} was never finished. Rerun the data '
+                       'stage (delete the directory first).') from e
+    except (OSError, ValueError) as e:
+      raise StoreError(f'Cannot read {path} ({e}). Delete {self.directory} '
+                       'and rerun the data stage.') from e
+    self.num_docs = int(info['num_documents'])
+    self.num_tokens = int(info['num_tokens'])
+    self.chunk_tokens = int(info['chunk_tokens'])
+    self.sha256 = str(info['sha256'])
+    self._files = [name for name, _ in info['files']]
+    self._num_records = sum(count for _, count in info['files'])
+    offsets_path = self.directory / OFFSETS_FILE
+    size = (os.path.getsize(offsets_path) if offsets_path.exists() else -1)
+    if size != 8 * (self.num_docs + 1):
+      raise StoreError(
+          f'{offsets_path} holds {max(size, 0) // 8} offsets, not the '
+          f'{self.num_docs + 1} {STORE_FILE} names: the store is damaged. '
+          f'Delete {self.directory} and rerun the data stage.')
+    self.offsets = np.memmap(offsets_path, dtype='<i8', mode='r',
+                             shape=(self.num_docs + 1,))
+    self._source = None
+    self._cache = collections.OrderedDict()
+    self._lock = threading.Lock()
+
+  def __getstate__(self):
+    return {'directory': os.fspath(self.directory)}
+
+  def __setstate__(self, state):
+    self.__init__(state['directory'])
+
+  def __len__(self) -> int:
+    return self.num_docs
+
+  def _records(self, ids: Sequence[int]) -> dict[int, np.ndarray]:
+    """Records `ids` decoded, through the cache."""
+    with self._lock:
+      out = {}
+      missing = []
+      for i in ids:
+        if i in self._cache:
+          self._cache.move_to_end(i)
+          out[i] = self._cache[i]
+        else:
+          missing.append(i)
+      if missing:
+        if self._source is None:
+          import grain.python as grain  # pylint: disable=g-import-not-at-top
+          self._source = grain.ArrayRecordDataSource(
+              [os.fspath(self.directory / name) for name in self._files])
+        try:
+          raw = self._source.__getitems__(missing)
+        except Exception as e:  # pylint: disable=broad-except
+          raise StoreError(
+              f'Cannot read records of {self.directory} ({type(e).__name__}:'
+              f' {e}). Delete it and rerun the data stage.') from e
+        for i, data in zip(missing, raw):
+          record = np.frombuffer(data, dtype='<i4')
+          out[i] = record
+          self._cache[i] = record
+        while len(self._cache) > CACHE_RECORDS:
+          self._cache.popitem(last=False)
+      return out
+
+  def read_ranges(self, starts: np.ndarray,
+                  stops: np.ndarray) -> list[np.ndarray]:
+    """Stream ranges [starts[i], stops[i]), int32, in one batched read."""
+    starts = np.asarray(starts, np.int64).reshape(-1)
+    stops = np.asarray(stops, np.int64).reshape(-1)
+    if starts.size and (starts.min() < 0 or stops.max() > self.num_tokens
+                        or np.any(stops < starts)):
+      raise IndexError(f'token ranges out of [0, {self.num_tokens}].')
+    c = self.chunk_tokens
+    wanted = set()
+    for a, b in zip(starts.tolist(), stops.tolist()):
+      if b > a:
+        wanted.update(range(a // c, (b - 1) // c + 1))
+    records = self._records(sorted(wanted))
+    out = []
+    for a, b in zip(starts.tolist(), stops.tolist()):
+      if b <= a:
+        out.append(np.zeros(0, np.int32))
+        continue
+      first, last = a // c, (b - 1) // c
+      if first == last:
+        piece = records[first][a - first * c:b - first * c]
+      else:
+        piece = np.concatenate([records[r] for r in range(first, last + 1)])[
+            a - first * c:b - first * c]
+      out.append(piece.astype(np.int32))
+    return out
+
+  def view(self, indices: np.ndarray | None = None) -> 'DocView':
+    """Documents `indices` of the store (all of them by default)."""
+    if indices is None:
+      indices = np.arange(self.num_docs, dtype=np.int64)
+    return DocView(self, indices)
+
+
+# Documents per block when a view is read whole (prefixes, materialize).
+_BLOCK_DOCS = 4096
+
+
+class DocView:
+  """Documents of a store, in the order of `indices`: nothing is copied.
+
+  Answers what `TokenDocs` answers (`len`, `lengths`, `num_tokens`, `doc`,
+  `subset`, `prefixes`), reading from disk; `read_stream` gives a range of
+  the view's documents concatenated, which training rows are cut from.
+  """
+
+  def __init__(self, store: DocStore, indices: np.ndarray):
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if indices.size and (indices.min() < 0 or indices.max() >= len(store)):
+      raise IndexError(f'document indices out of range for {len(store)} '
+                       'documents.')
+    self.store = store
+    self.indices = indices
+    lengths_n = np.asarray(store.offsets[indices + 1] - store.offsets[indices])
+    self.offsets = np.zeros(indices.size + 1, np.int64)
+    np.cumsum(lengths_n, out=self.offsets[1:])
+
+  def __len__(self) -> int:
+    return self.indices.size
+
+  def lengths(self) -> np.ndarray:
+    return np.diff(self.offsets)
+
+  @property
+  def num_tokens(self) -> int:
+    return int(self.offsets[-1])
+
+  def _store_starts(self, docs: np.ndarray) -> np.ndarray:
+    return np.asarray(self.store.offsets[self.indices[docs]], np.int64)
+
+  def doc(self, i: int) -> np.ndarray:
+    start = int(self.store.offsets[self.indices[i]])
+    return self.store.read_ranges([start], [start + self.lengths()[i]])[0]
+
+  def subset(self, indices: Sequence[int] | np.ndarray) -> 'DocView':
+    """The documents at `indices` of this view (repeats allowed)."""
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if indices.size and (indices.min() < -len(self)
+                         or indices.max() >= len(self)):
+      raise IndexError(f'subset indices out of range for {len(self)} docs.')
+    indices = np.where(indices < 0, indices + len(self), indices)
+    return DocView(self.store, self.indices[indices])
+
+  def sha256(self) -> str:
+    """The store's digest and the view's document indices."""
+    h = hashlib.sha256(self.store.sha256.encode('ascii'))
+    h.update(b'indices:int64<')
+    h.update(self.indices.astype('<i8', copy=False).tobytes())
+    return h.hexdigest()
+
+  def prefixes(self, prefix_len: int,
+               pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """As `TokenDocs.prefixes`, read a block of documents at a time."""
+    lengths_n = np.minimum(self.lengths(), prefix_len)
+    prefix_nxt = np.full((len(self), prefix_len), pad_id, np.int32)
+    for first in range(0, len(self), _BLOCK_DOCS):
+      docs = np.arange(first, min(first + _BLOCK_DOCS, len(self)))
+      starts = self._store_starts(docs)
+      pieces = self.store.read_ranges(starts, starts + lengths_n[docs])
+      for row, piece in zip(docs.tolist(), pieces):
+        prefix_nxt[row, :piece.size] = piece
+    return prefix_nxt, lengths_n
+
+  def read_stream(self, starts: np.ndarray, stops: np.ndarray
+                  ) -> list[np.ndarray]:
+    """Ranges of the view's documents concatenated, [starts[i], stops[i])."""
+    starts = np.asarray(starts, np.int64).reshape(-1)
+    stops = np.asarray(stops, np.int64).reshape(-1)
+    if starts.size and (starts.min() < 0 or stops.max() > self.num_tokens):
+      raise IndexError(f'stream ranges out of [0, {self.num_tokens}].')
+    # Every range in pieces, one per document it crosses.
+    first_r = np.searchsorted(self.offsets, starts, side='right') - 1
+    last_r = np.searchsorted(self.offsets, np.maximum(stops - 1, starts),
+                             side='right') - 1
+    owner, piece_starts, piece_stops = [], [], []
+    for r, (a, b, d0, d1) in enumerate(zip(starts.tolist(), stops.tolist(),
+                                           first_r.tolist(),
+                                           last_r.tolist())):
+      for d in range(d0, d1 + 1 if b > a else d0):
+        lo = max(a, int(self.offsets[d]))
+        hi = min(b, int(self.offsets[d + 1]))
+        if hi > lo:
+          base = int(self.store.offsets[self.indices[d]]) - int(
+              self.offsets[d])
+          owner.append(r)
+          piece_starts.append(base + lo)
+          piece_stops.append(base + hi)
+    pieces = self.store.read_ranges(np.array(piece_starts, np.int64),
+                                    np.array(piece_stops, np.int64))
+    parts = [[] for _ in range(starts.size)]
+    for r, piece in zip(owner, pieces):
+      parts[r].append(piece)
+    return [np.concatenate(p) if p else np.zeros(0, np.int32) for p in parts]
+
+  def materialize(self) -> token_store.TokenDocs:
+    """The view read into memory (for the small sets that need it whole:
+    validation, router and early-stopping documents)."""
+    tokens = np.empty(self.num_tokens, np.int32)
+    for first in range(0, len(self), _BLOCK_DOCS):
+      docs = np.arange(first, min(first + _BLOCK_DOCS, len(self)))
+      starts = self._store_starts(docs)
+      pieces = self.store.read_ranges(starts, starts + self.lengths()[docs])
+      for d, piece in zip(docs.tolist(), pieces):
+        tokens[self.offsets[d]:self.offsets[d + 1]] = piece
+    return token_store.TokenDocs(tokens, self.offsets.copy())
+
+
+def as_token_docs(docs) -> token_store.TokenDocs:
+  """`docs` in memory: a `TokenDocs` as it is, a `DocView` read whole."""
+  return docs.materialize() if isinstance(docs, DocView) else docs
+
+
+class StreamRows:
+  """The packed rows of a view, read on demand: `pack_rows` without the copy.
+
+  Row r is the view's stream [r * L, r * L + L + 1), exactly the row
+  `batches.pack_rows` cuts from the same documents in memory, so batches
+  and the runs built on them do not change. Indexing with an int array
+  gives [B, L + 1] int32.
+  """
+
+  def __init__(self, docs: DocView, seq_len: int):
+    self.docs = docs
+    self.seq_len = seq_len
+    total = docs.num_tokens
+    self.num_rows = (total - 1) // seq_len if total else 0
+    self.shape = (self.num_rows, seq_len + 1)
+    self.ndim = 2
+    self.dtype = np.dtype(np.int32)
+
+  def __len__(self) -> int:
+    return self.num_rows
+
+  def __getitem__(self, rows_b) -> np.ndarray:
+    rows_b = np.asarray(rows_b, np.int64)
+    flat = rows_b.reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= self.num_rows):
+      raise IndexError(f'rows out of range for {self.num_rows} rows.')
+    starts = flat * self.seq_len
+    pieces = self.docs.read_stream(starts, starts + self.seq_len + 1)
+    out = np.stack(pieces) if pieces else np.zeros(
+        (0, self.seq_len + 1), np.int32)
+    return out.reshape(rows_b.shape + (self.seq_len + 1,))
