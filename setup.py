@@ -15,6 +15,10 @@ _CORE = [
     "absl-py>=2.1",
     "tensorboardX>=2.6",
     "matplotlib>=3.8",
+    # The token store (dipaco_jax/data/doc_store.py): ArrayRecord files read
+    # through Grain's ArrayRecordDataSource.
+    "grain>=0.2.10",
+    "array-record>=0.7",
 ]
 
 _EXTRAS = {

@@ -9,10 +9,11 @@ tokenizer size and model:
 
 - floor: SentencePiece's `encode` of every document in this process, one
   thread (the rate a core can tokenize at, whatever the framework does);
-- tokenization: `data/token_store.encode_documents` as the data stage runs
-  it (worker processes, one a core), its tokens/s divided by the cores;
+- tokenization: `data/prepare.encode_to_stores` as the data stage runs it
+  (worker processes, one a core, streamed into a token store on disk), its
+  tokens/s divided by the cores;
 - routing: what the routing stages do with the tokenized corpus, on all the
-  cores: prefix features (the quickstart's model, mean hidden state over
+  cores: prefix features read from the store (the quickstart's model, mean hidden state over
   the first 32 tokens), product k-means over them (2x2) and each document's
   top-2 paths; the corpus's tokens per second, divided by the cores.
 
@@ -24,6 +25,8 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
+import tempfile
 import time
 
 from absl import app
@@ -33,7 +36,7 @@ import numpy as np
 
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.data import corpora
-from dipaco_jax.data import token_store
+from dipaco_jax.data import prepare
 from dipaco_jax.data import tokenizer as tokenizer_lib
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
@@ -89,8 +92,14 @@ def main(argv):
                                                           num_threads=1))
   floor_s = time.perf_counter() - t0
 
+  # As the data stage runs it: streamed into a token store on disk.
+  store_dir = pathlib.Path(tempfile.mkdtemp(prefix="data_throughput_"))
   t0 = time.perf_counter()
-  docs = token_store.encode_documents(tok, texts, num_workers=cores)
+  stores = prepare.encode_to_stores(
+      tok, (("train", corpora.Document(str(i), text))
+            for i, text in enumerate(texts)),
+      {"train": store_dir / "train", "validation": store_dir / "validation"})
+  docs = stores["train"].view()
   encode_s = time.perf_counter() - t0
 
   topology = paths_lib.topology_from_config(config)
@@ -130,6 +139,7 @@ def main(argv):
                            "kmeans_and_assignment": assign_s},
       "shard_documents": int(sum(len(s) for s in shards)),
   }
+  shutil.rmtree(store_dir)
   line = json.dumps(row)
   print(line)
   if _OUT.value:

@@ -142,6 +142,11 @@ def base_config() -> ml_collections.ConfigDict:
   # one axis, windows over the rest; eval/sharded.py). 0 = gcd(paths,
   # devices): one path per device of the path axis.
   c.eval.path_group = 0
+  # Validation tokens scored a block at a time (eval/routed.py
+  # document_blocks): memory stays at one block's windows, about 80 bytes a
+  # token, whatever the split's size. 0 = the whole split at once. The
+  # figures do not depend on it (sums of the same per-token numbers).
+  c.eval.block_tokens = 1 << 20
   # DiPaCo only (stages/dense_scaling.py): also train dense models of these
   # multiples of one path's non-embedding parameters ("2,4"; "" = none)
   # from scratch, for the steps a path takes in all, base included.

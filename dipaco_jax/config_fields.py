@@ -106,6 +106,7 @@ _RANGES = (
            why="0 = no discriminative phase"),
     _Range("eval.reroute_every", _I, 0, why="0 = no re-routing"),
     _Range("eval.path_group", _I, 0, why="0 = one path per device"),
+    _Range("eval.block_tokens", _I, 0, why="0 = the whole split at once"),
     _Range("eval.early_stopping_every", _I, 1,
            why="1 = score after every outer step"),
     _Range("train.metrics_lag", _I, 1),

@@ -32,7 +32,6 @@ from dipaco_jax import report as report_lib
 from dipaco_jax.data import prepare
 from dipaco_jax.diloco import presets
 from dipaco_jax.eval import early_stopping as early_stopping_lib
-from dipaco_jax.eval import routed
 from dipaco_jax.model import bank as bank_lib
 from dipaco_jax.parallel import multihost
 from dipaco_jax.routing import router as router_lib
@@ -199,10 +198,8 @@ def run_single_path(config, workdir, islands=None) -> dict:
   exp.islands = islands
   trained = experiment_lib.TrainedRun(exp, exp.train(
       _init_bank(base_exp, base_params, topology), init_from=base_exp))
-  layout = routed.make_layout(data.docs["validation"], config.data.seq_len,
-                              config.data.prefix_len)
-  metrics = evaluation.score(layout, exp.model, trained.path_params(),
-                             config)
+  metrics = evaluation.score(data.docs["validation"], exp.model,
+                             trained.path_params(), config)
   name = "dense" if topology.num_workers == 1 else (
       f"diloco x{topology.num_workers}")
   results = {

@@ -35,8 +35,9 @@ Expected result (the paper, Table 3): validation perplexity 12.39 routed
 once per document, 11.38 with early stopping and re-routing every 64 tokens
 (its learned transformer re-router; ours is a linear window router fit on
 the held-out router documents), against 16.23 for the dense 150M baseline.
-Not yet run here: every process holds the whole tokenized corpus, about
-620 GB for C4 (docs/paper_scale.md, "Per-host memory").
+Not yet run here at its size: C4 streams into token stores on disk (no
+process holds the corpus; docs/paper_scale.md, "Per-host memory"), but
+neither a TPU slice nor the whole of C4 was at hand.
 """
 
 from dipaco_jax import config_base

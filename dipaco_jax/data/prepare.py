@@ -361,7 +361,7 @@ def _why_again(info: dict, key: str, config_key: str, inputs: dict,
 _ENCODE_BATCH_CHARS = 16_000_000
 
 
-def _encode_to_stores(tok: tokenizer_lib.Tokenizer, stream: Iterable,
+def encode_to_stores(tok: tokenizer_lib.Tokenizer, stream: Iterable,
                       directories: dict) -> dict:
   """Encodes a (split, document) stream into one token store a split; each
   document becomes `[BOS] + encode(text)`, in stream order. Returns
@@ -458,8 +458,9 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
     for split, doc in stream:
       read_again.add(split, doc)
       yield split, doc
-  stores = _encode_to_stores(tok, fingerprinted(stream_corpus(data_config)[1]),
-                             {s: out / s for s in _SPLITS})
+  stores = encode_to_stores(
+      tok, fingerprinted(stream_corpus(data_config)[1]),
+      {s: out / s for s in _SPLITS})
   if read_again.hexdigest(_SPLITS) != fingerprint:
     raise corpora.CorpusError(
         f"The corpus changed while the data stage read it "

@@ -35,6 +35,27 @@ class Layout:
     return self.input_pos_MxL + 1
 
 
+def document_blocks(docs, block_tokens: int):
+  """Consecutive (first, stop) document ranges of about `block_tokens`
+  tokens each (`config.eval.block_tokens`; a longer document is a block
+  alone; 0: one block), so that a split is scored a block at a time. A
+  layout holds about 80 bytes a token (windows, positions, routes and a
+  group's NLLs). Every per-token and per-document number is the same as in
+  one layout: windows never cross documents."""
+  lengths = np.asarray(docs.lengths())
+  if block_tokens <= 0 or lengths.sum() <= block_tokens:
+    return [(0, len(lengths))] if len(lengths) else []
+  ends = np.cumsum(lengths)
+  out, first = [], 0
+  while first < len(lengths):
+    base = ends[first - 1] if first else 0
+    stop = int(np.searchsorted(ends, base + block_tokens, side="right"))
+    stop = max(stop, first + 1)
+    out.append((first, stop))
+    first = stop
+  return out
+
+
 def make_layout(docs, seq_len: int, prefix_len: int) -> Layout:
   windows = batches_lib.eval_windows(docs, seq_len, prefix_len)
   doc_M = windows["doc_index"]

@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 
 from dipaco_jax import paths as paths_lib
-from dipaco_jax.eval import routed
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
 from dipaco_jax.stages import evaluation
@@ -157,10 +156,9 @@ def score(config, data, runs: list[DenseRun]) -> dict[str, dict]:
   `evaluation.evaluate_dipaco` scores (the same layout)."""
   if not runs:
     return {}
-  layout = routed.make_layout(data.docs["validation"], config.data.seq_len,
-                              config.data.prefix_len)
-  return {r.label: evaluation.score(layout, r.experiment.model,
-                                    r.path_params(), config) for r in runs}
+  return {r.label: evaluation.score(data.docs["validation"],
+                                    r.experiment.model, r.path_params(),
+                                    config) for r in runs}
 
 
 def compute(config, data, models: dict, trained: experiment_lib.TrainedRun,

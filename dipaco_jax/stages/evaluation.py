@@ -15,10 +15,17 @@ from dipaco_jax.store import atomic
 DENSE_BASELINE_ROW = "dense baseline (one path's size)"
 
 
-def score(layout, model, params, config) -> dict:
-  """Loss and perplexity of one model's `params` on `layout`'s tokens."""
-  nll = routed.token_nll(model, params, layout, config.train.eval_batch_size)
-  return routed.summary(nll.sum(), layout.windows["weights"].sum())
+def score(docs, model, params, config) -> dict:
+  """Loss and perplexity of one model's `params` on `docs`' scored tokens,
+  a block of documents at a time (`routed.document_blocks`)."""
+  nll, count = 0.0, 0.0
+  for first, stop in routed.document_blocks(docs, config.eval.block_tokens):
+    layout = routed.make_layout(docs.subset(np.arange(first, stop)),
+                                config.data.seq_len, config.data.prefix_len)
+    nll += routed.token_nll(model, params, layout,
+                            config.train.eval_batch_size).sum()
+    count += layout.windows["weights"].sum()
+  return routed.summary(nll, count)
 
 
 def _path_params_for_eval(exp, bank, stopper, path):
@@ -29,13 +36,14 @@ def _path_params_for_eval(exp, bank, stopper, path):
 
 
 def score_paths(trained: experiment_lib.TrainedPaths, layout, config,
-                on_path):
+                on_path, bank=None):
   """Scores `layout` under every path, `eval.path_group` paths at a time
   sharded over this process's devices (`eval/sharded.py`), so memory stays
   at one group's [windows, L] NLLs: calls `on_path(p, nll_MxL)` in path
-  order."""
+  order. `bank`: the trained bank on the host, if already there."""
   exp = trained.experiment
-  bank = exp.host_bank(trained.result.state)
+  if bank is None:
+    bank = exp.host_bank(trained.result.state)
   sharded.score_paths(
       exp.model, lambda p: _path_params_for_eval(exp, bank, trained.stopper, p),
       exp.topology.num_paths, layout, config.train.eval_batch_size, on_path,
@@ -90,74 +98,55 @@ def evaluate_dipaco(config, data, trained: experiment_lib.TrainedPaths,
                     source: feature_source_lib.FeatureSource, window_router,
                     dense: experiment_lib.TrainedRun) -> dict:
   """Routed perplexity (once per document, re-routed, oracle) and the dense
-  baseline, all on exactly the same tokens."""
+  baseline, all on exactly the same tokens; the validation split is scored
+  a block of documents at a time (`routed.document_blocks`), so memory
+  stays at one block's windows whatever its size."""
   exp, stopper = trained.experiment, trained.stopper
   val = data.docs["validation"]
-  layout = routed.make_layout(val, config.data.seq_len,
-                              config.data.prefix_len)
-  count = layout.windows["weights"].sum()
-  doc_M = layout.windows["doc_index"]
-  doc_paths = router.top_k(val_feats, 1)[:, 0]
-  # Which path scores each token, per routing scheme; then one pass over
-  # the paths adds up the tokens each scheme gave to that path.
-  routes = {"dipaco routed once per document":
-            routed.route_once(layout, doc_paths)}
-  every = config.eval.reroute_every
-  if every > 0:
-    chunks = routed.chunk_features(
-        layout, config.data.prefix_len, every,
-        feature_source_lib.group_sums_fn(config, layout, source))
-    route = lambda f: router.top_k(f, 1)[:, 0]
-    for context, label in (("previous_chunk", "the previous chunk"),
-                           ("cumulative", "all tokens so far")):
-      routes[f"dipaco re-routed every {every} tokens ({label})"] = (
-          routed.route_by_features(layout, chunks, doc_paths, route,
-                                   chunks.features(context)))
-    if window_router is not None:
-      routes[window_router_label(every, window_router)] = (
-          window_router_routes(layout, chunks, doc_paths, window_router,
-                               exp.topology.num_paths))
-  totals = routed.RoutedTotals(routes)
   num_paths = exp.topology.num_paths
-  per_doc_PxN = np.zeros((num_paths, len(val)))
-  own_nll_P = np.zeros(num_paths)
-  # Per chunk: the best path's NLL (an oracle bound for re-routing), and
-  # every path's when the data is dumped for study.
-  best_chunk_NxC = np.full((len(val), chunks.num_chunks), np.inf) if (
-      every > 0) else None
+  doc_paths = router.top_k(val_feats, 1)[:, 0]
+  every = config.eval.reroute_every
   dump = every > 0 and config.eval.dump_reroute_data
-  chunk_NxCxP = np.zeros(best_chunk_NxC.shape + (num_paths,)) if dump else None
-
-  def on_path(p, nll_MxL):
-    totals.add(p, nll_MxL)
-    per_doc_PxN[p] = per_doc_nll(layout, nll_MxL)
-    own_nll_P[p] = per_doc_PxN[p][doc_paths == p].sum()
-    if every > 0:
-      nll_NxC = routed.chunk_nll(layout, chunks, nll_MxL)
-      np.minimum(best_chunk_NxC, nll_NxC, out=best_chunk_NxC)
-      if dump:
-        chunk_NxCxP[:, :, p] = nll_NxC
-
-  score_paths(trained, layout, config, on_path)
-  if dump:
-    dump_reroute_data(exp, "validation", chunks, doc_paths, chunk_NxCxP,
-                      layout)
+  bank = exp.host_bank(trained.result.state)
+  dense_params = dense.path_params()
+  totals = {}
+  count = 0.0
+  per_doc_PxN = np.zeros((num_paths, len(val)))
+  dense_N = np.zeros(len(val))
+  tokens_N = np.zeros(len(val))
+  best_chunks = 0.0
+  # The study dump needs every document's chunks in one array: one block.
+  blocks = routed.document_blocks(
+      val, 0 if dump else config.eval.block_tokens)
+  for first, stop in blocks:
+    docs = np.arange(first, stop)
+    layout = routed.make_layout(val.subset(docs), config.data.seq_len,
+                                config.data.prefix_len)
+    block = _score_block(config, exp, trained, layout, doc_paths[docs],
+                         source, window_router, router, bank, dump)
+    for name, nll in block["routes"].items():
+      totals[name] = totals.get(name, 0.0) + nll
+    per_doc_PxN[:, docs] = block["per_doc_PxN"]
+    best_chunks += block["best_chunks"]
+    count += layout.windows["weights"].sum()
+    tokens_N[docs] = np.bincount(
+        layout.windows["doc_index"], weights=layout.windows["weights"].sum(1),
+        minlength=len(docs))
+    dense_N[docs] = per_doc_nll(layout, routed.token_nll(
+        dense.experiment.model, dense_params, layout,
+        config.train.eval_batch_size))
+  own_nll_P = np.array([per_doc_PxN[p][doc_paths == p].sum()
+                        for p in range(num_paths)])
   out = {"models": {name: routed.summary(nll, count)
-                    for name, nll in totals.nll.items()}}
+                    for name, nll in totals.items()}}
   out["models"]["dipaco best path per document (oracle)"] = routed.summary(
       per_doc_PxN.min(0).sum(), count)
   if every > 0:
     out["models"][f"dipaco best path per {every}-token chunk (oracle)"] = (
-        routed.summary(best_chunk_NxC.sum(), count))
-  dense_nll = routed.token_nll(dense.experiment.model, dense.path_params(),
-                               layout, config.train.eval_batch_size)
-  out["models"][DENSE_BASELINE_ROW] = routed.summary(
-      dense_nll.sum(), count)
-  tokens_N = np.bincount(doc_M, weights=layout.windows["weights"].sum(1),
-                         minlength=len(val))
-  dense_N = per_doc_nll(layout, dense_nll)
+        routed.summary(best_chunks, count))
+  out["models"][DENSE_BASELINE_ROW] = routed.summary(dense_N.sum(), count)
   out["paths"] = []
-  for p in range(exp.topology.num_paths):
+  for p in range(num_paths):
     mine = doc_paths == p
     out["paths"].append({
         "path": p, "level_ids": list(exp.topology.path_level_ids(p)),
@@ -171,3 +160,54 @@ def evaluate_dipaco(config, data, trained: experiment_lib.TrainedPaths,
         "early_stopping_step": (stopper.best.get(str(p), {}).get("step")
                                 if stopper else None)})
   return out
+
+
+def _score_block(config, exp, trained, layout, doc_paths, source,
+                 window_router, router, bank, dump) -> dict:
+  """One block of validation documents under every path: each routing
+  scheme's summed NLL, every path's NLL per document, and the chunk
+  oracle's sum."""
+  # Which path scores each token, per routing scheme; then one pass over
+  # the paths adds up the tokens each scheme gave to that path.
+  routes = {"dipaco routed once per document":
+            routed.route_once(layout, doc_paths)}
+  every = config.eval.reroute_every
+  num_paths = exp.topology.num_paths
+  chunks = None
+  if every > 0:
+    chunks = routed.chunk_features(
+        layout, config.data.prefix_len, every,
+        feature_source_lib.group_sums_fn(config, layout, source))
+    route = lambda f: router.top_k(f, 1)[:, 0]
+    for context, label in (("previous_chunk", "the previous chunk"),
+                           ("cumulative", "all tokens so far")):
+      routes[f"dipaco re-routed every {every} tokens ({label})"] = (
+          routed.route_by_features(layout, chunks, doc_paths, route,
+                                   chunks.features(context)))
+    if window_router is not None:
+      routes[window_router_label(every, window_router)] = (
+          window_router_routes(layout, chunks, doc_paths, window_router,
+                               num_paths))
+  totals = routed.RoutedTotals(routes)
+  per_doc_PxN = np.zeros((num_paths, layout.num_docs))
+  # Per chunk: the best path's NLL (an oracle bound for re-routing), and
+  # every path's when the data is dumped for study.
+  best_chunk_NxC = np.full((layout.num_docs, chunks.num_chunks), np.inf) if (
+      every > 0) else None
+  chunk_NxCxP = np.zeros(best_chunk_NxC.shape + (num_paths,)) if dump else None
+
+  def on_path(p, nll_MxL):
+    totals.add(p, nll_MxL)
+    per_doc_PxN[p] = per_doc_nll(layout, nll_MxL)
+    if every > 0:
+      nll_NxC = routed.chunk_nll(layout, chunks, nll_MxL)
+      np.minimum(best_chunk_NxC, nll_NxC, out=best_chunk_NxC)
+      if dump:
+        chunk_NxCxP[:, :, p] = nll_NxC
+
+  score_paths(trained, layout, config, on_path, bank)
+  if dump:
+    dump_reroute_data(exp, "validation", chunks, doc_paths, chunk_NxCxP,
+                      layout)
+  return {"routes": totals.nll, "per_doc_PxN": per_doc_PxN,
+          "best_chunks": best_chunk_NxC.sum() if every > 0 else 0.0}
