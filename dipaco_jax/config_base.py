@@ -115,6 +115,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.routing.min_shard_fraction = 0.25  # Top up paths below this x mean.
   c.routing.router_fraction = 0.05  # Train docs held out for the router.
   c.routing.kmeans_iters = 50  # Lloyd iterations of each k-means fit.
+  # k-means fits on at most this many documents' features (drawn by the
+  # seed; 0 = all), then routes every document: its memory stays flat in the
+  # corpus (65,536 is 256 points a centroid for 256 clusters).
+  c.routing.kmeans_max_points = 65_536
   c.routing.discriminative_steps = 0  # >0: discriminative phase, then these
   #                                    more inner steps on the new shards.
   c.routing.replica_shards = "iid"  # DiLoCo replicas: iid | kmeans

@@ -102,6 +102,7 @@ _RANGES = (
     _Range("routing.router_fraction", _F, 0, 0.5,
            why="the share of training documents held out for the router"),
     _Range("routing.kmeans_iters", _I, 0),
+    _Range("routing.kmeans_max_points", _I, 0, why="0 = every document"),
     _Range("routing.discriminative_steps", _I, 0,
            why="0 = no discriminative phase"),
     _Range("eval.reroute_every", _I, 0, why="0 = no re-routing"),

@@ -358,3 +358,49 @@ def test_router_fit_save_load_and_top_k(tmp_path):
   again = router_lib.Router.load(tmp_path / "d.npz")
   np.testing.assert_array_equal(again.top_k(x, 1), disc.top_k(x, 1))
   assert (disc.top_k(x, 1)[:, 0] == labels).mean() > 0.95
+
+
+def test_routing_in_bounded_blocks_equals_routing_at_once(monkeypatch):
+  """k-means on a sample of the rows, scores and top-k a block at a time,
+  prefix features a block of documents at a time: the memory of routing
+  stays flat in the corpus, and a cap above the corpus changes nothing."""
+  from dipaco_jax.data import token_store  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.routing import features as features_lib  # pylint: disable=g-import-not-at-top
+  from dipaco_jax.routing import router as router_lib  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  centers = rng.normal(size=(4, 6)) * 10
+  x = np.concatenate([c + rng.normal(size=(300, 6)) for c in centers])
+  x = x.astype(np.float32)
+  whole = router_lib.fit_generative(0, x, (2, 2), "product_kmeans", 20)
+  capped = router_lib.fit_generative(0, x, (2, 2), "product_kmeans", 20,
+                                     max_points=len(x))
+  assert capped.sha256() == whole.sha256()  # A cap above N: the same fit.
+  sample = router_lib.fit_sample(0, len(x), 500)
+  assert len(sample) == 500 and np.all(np.diff(sample) > 0)
+  np.testing.assert_array_equal(sample, router_lib.fit_sample(0, len(x), 500))
+  sampled = router_lib.fit_generative(0, x, (2, 2), "product_kmeans", 20,
+                                      max_points=500)
+  assert sampled.sha256() == router_lib.fit_generative(
+      0, x[sample], (2, 2), "product_kmeans", 20).sha256()
+  # Four clear clusters: the sample finds the same ones (named otherwise).
+  pairs = set(zip(sampled.top_k(x, 1)[:, 0].tolist(),
+                  whole.top_k(x, 1)[:, 0].tolist()))
+  assert len(pairs) == 4
+
+  scores, top = whole.scores(x), whole.top_k(x, 2)
+  monkeypatch.setattr(router_lib, "SCORE_BLOCK", 128)
+  np.testing.assert_allclose(whole.scores(x), scores, rtol=1e-6, atol=1e-5)
+  np.testing.assert_array_equal(whole.top_k(x, 2), top)
+
+  lengths = rng.integers(1, 60, size=300)
+  offsets = np.concatenate([[0], np.cumsum(lengths)])
+  docs = token_store.TokenDocs(
+      rng.integers(0, 50, size=offsets[-1]).astype(np.int32), offsets)
+  params = {"embed_head": {"embedding": rng.normal(size=(50, 8)).astype(
+      np.float32)}}
+  at_once = features_lib.prefix_features(None, params, docs, 32,
+                                         "token_embedding")
+  monkeypatch.setattr(features_lib, "FEATURE_BLOCK_DOCS", 64)
+  np.testing.assert_allclose(
+      features_lib.prefix_features(None, params, docs, 32, "token_embedding"),
+      at_once, rtol=1e-6)

@@ -24,8 +24,9 @@ lengths (a C4 document runs from a few tokens to 100k).
 Memory a process holds: the writer holds one record, the open file's
 buffers and nothing per document (offsets are appended to their file); a
 reader holds the cache of decoded records (`CACHE_RECORDS` x 16 KiB) and
-the offsets pages it touched. `DocView` adds 8 bytes per document of the
-view (its cumulative lengths).
+the offsets pages it touched. A `DocView` of some documents adds 16 bytes
+a document of the view (their indices and cumulative lengths); the view of
+the whole store adds nothing.
 """
 
 import collections
@@ -285,8 +286,6 @@ class DocStore:
 
   def view(self, indices: np.ndarray | None = None) -> 'DocView':
     """Documents `indices` of the store (all of them by default)."""
-    if indices is None:
-      indices = np.arange(self.num_docs, dtype=np.int64)
     return DocView(self, indices)
 
 
@@ -302,19 +301,38 @@ class DocView:
   the view's documents concatenated, which training rows are cut from.
   """
 
-  def __init__(self, store: DocStore, indices: np.ndarray):
+  def __init__(self, store: DocStore, indices: np.ndarray | None = None):
+    """`indices`: the store's documents, in order; None: all of them, as
+    stored (then nothing is held per document: the store's memory-mapped
+    offsets serve)."""
+    self.store = store
+    if indices is None:
+      self._indices = None
+      self.offsets = store.offsets
+      return
     indices = np.asarray(indices, dtype=np.int64).reshape(-1)
     if indices.size and (indices.min() < 0 or indices.max() >= len(store)):
       raise IndexError(f'document indices out of range for {len(store)} '
                        'documents.')
-    self.store = store
-    self.indices = indices
+    self._indices = indices
     lengths_n = np.asarray(store.offsets[indices + 1] - store.offsets[indices])
     self.offsets = np.zeros(indices.size + 1, np.int64)
     np.cumsum(lengths_n, out=self.offsets[1:])
 
   def __len__(self) -> int:
-    return self.indices.size
+    return len(self.offsets) - 1
+
+  @property
+  def indices(self) -> np.ndarray:
+    """The store's index of each document of the view."""
+    if self._indices is None:
+      return np.arange(len(self), dtype=np.int64)
+    return self._indices
+
+  def store_indices(self, docs) -> np.ndarray:
+    """The store's indices of the view's documents `docs`."""
+    docs = np.asarray(docs, dtype=np.int64)
+    return docs if self._indices is None else self._indices[docs]
 
   def lengths(self) -> np.ndarray:
     return np.diff(self.offsets)
@@ -324,10 +342,10 @@ class DocView:
     return int(self.offsets[-1])
 
   def _store_starts(self, docs: np.ndarray) -> np.ndarray:
-    return np.asarray(self.store.offsets[self.indices[docs]], np.int64)
+    return np.asarray(self.store.offsets[self.store_indices(docs)], np.int64)
 
   def doc(self, i: int) -> np.ndarray:
-    start = int(self.store.offsets[self.indices[i]])
+    start = int(self._store_starts(np.array([i]))[0])
     return self.store.read_ranges([start], [start + self.lengths()[i]])[0]
 
   def subset(self, indices: Sequence[int] | np.ndarray) -> 'DocView':
@@ -337,13 +355,16 @@ class DocView:
                          or indices.max() >= len(self)):
       raise IndexError(f'subset indices out of range for {len(self)} docs.')
     indices = np.where(indices < 0, indices + len(self), indices)
-    return DocView(self.store, self.indices[indices])
+    return DocView(self.store, self.store_indices(indices))
 
   def sha256(self) -> str:
     """The store's digest and the view's document indices."""
     h = hashlib.sha256(self.store.sha256.encode('ascii'))
-    h.update(b'indices:int64<')
-    h.update(self.indices.astype('<i8', copy=False).tobytes())
+    if self._indices is None:
+      h.update(b'all')
+    else:
+      h.update(b'indices:int64<')
+      h.update(self._indices.astype('<i8', copy=False).tobytes())
     return h.hexdigest()
 
   def prefixes(self, prefix_len: int,
@@ -378,7 +399,7 @@ class DocView:
         lo = max(a, int(self.offsets[d]))
         hi = min(b, int(self.offsets[d + 1]))
         if hi > lo:
-          base = int(self.store.offsets[self.indices[d]]) - int(
+          base = int(self._store_starts(np.array([d]))[0]) - int(
               self.offsets[d])
           owner.append(r)
           piece_starts.append(base + lo)
@@ -400,7 +421,7 @@ class DocView:
       pieces = self.store.read_ranges(starts, starts + self.lengths()[docs])
       for d, piece in zip(docs.tolist(), pieces):
         tokens[self.offsets[d]:self.offsets[d + 1]] = piece
-    return token_store.TokenDocs(tokens, self.offsets.copy())
+    return token_store.TokenDocs(tokens, np.array(self.offsets, np.int64))
 
 
 def as_token_docs(docs) -> token_store.TokenDocs:

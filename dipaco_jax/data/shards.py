@@ -87,7 +87,7 @@ def write_shards(directory: str,
     docs = doc_store.write_token_docs(directory / _STORE_DIR, docs).view()
   entries = []
   for index, ix in enumerate(indices_per_shard):
-    store_ix = docs.indices[ix]
+    store_ix = docs.store_indices(ix)
     token_store.save_npz(directory / shard_file(index), doc_indices=ix,
                          store_indices=store_ix)
     entries.append({

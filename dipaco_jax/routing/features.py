@@ -23,13 +23,32 @@ def _mean_hidden(model, params, tokens_BxT, mask_BxT):
   return total_BxD / jnp.maximum(mask_BxT.sum(1), 1.0)[:, None]
 
 
+# Documents whose prefixes are read and featurized at a time: the memory of
+# `prefix_features` beyond its [N, D] result stays at one block's.
+FEATURE_BLOCK_DOCS = 65_536
+
+
 def prefix_features(model, params, docs, prefix_len: int, kind: str,
                     batch_size: int = 64) -> np.ndarray:
   """[N, D] features of every document's first `prefix_len` tokens.
 
   Only `docs.prefixes(prefix_len)` is read, so nothing after the prefix can
-  influence routing (tested).
+  influence routing (tested); `FEATURE_BLOCK_DOCS` documents at a time.
   """
+  if kind not in ("token_embedding", "base_hidden"):
+    raise ValueError(f"config.routing.features: unknown {kind!r}")
+  d = int(params["embed_head"]["embedding"].shape[-1])
+  out_NxD = np.empty((len(docs), d), np.float32)
+  for first in range(0, len(docs), FEATURE_BLOCK_DOCS):
+    stop = min(first + FEATURE_BLOCK_DOCS, len(docs))
+    block = docs if (first, stop) == (0, len(docs)) else docs.subset(
+        np.arange(first, stop))
+    out_NxD[first:stop] = _block_features(model, params, block, prefix_len,
+                                          kind, batch_size)
+  return out_NxD
+
+
+def _block_features(model, params, docs, prefix_len, kind, batch_size):
   prefix_NxT, lengths_N = docs.prefixes(prefix_len)
   mask_NxT = np.arange(prefix_len)[None, :] < lengths_N[:, None]
   if kind == "token_embedding":
@@ -37,8 +56,6 @@ def prefix_features(model, params, docs, prefix_len: int, kind: str,
     total_NxD = np.einsum("ntd,nt->nd", table_VxD[prefix_NxT], mask_NxT)
     return (total_NxD / np.maximum(mask_NxT.sum(1), 1)[:, None]).astype(
         np.float32)
-  if kind != "base_hidden":
-    raise ValueError(f"config.routing.features: unknown {kind!r}")
   out = []
   for start in range(0, len(prefix_NxT), batch_size):
     tokens = prefix_NxT[start:start + batch_size]
@@ -50,7 +67,8 @@ def prefix_features(model, params, docs, prefix_len: int, kind: str,
       mask = np.concatenate([mask, np.zeros((pad, prefix_len), bool)])
     out.append(np.asarray(_mean_hidden(model, params, tokens, mask))[
         :batch_size - pad])
-  return np.concatenate(out).astype(np.float32)
+  return np.concatenate(out).astype(np.float32) if out else np.zeros(
+      (0, int(params["embed_head"]["embedding"].shape[-1])), np.float32)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))

@@ -20,6 +20,10 @@ from dipaco_jax.routing import kmeans
 from dipaco_jax.store import atomic
 
 
+# Documents scored at a time by `Router.scores` and `Router.top_k`.
+SCORE_BLOCK = 65_536
+
+
 @dataclasses.dataclass
 class Router:
   kind: str  # kmeans | product_kmeans | linear
@@ -35,17 +39,36 @@ class Router:
   def num_paths(self) -> int:
     return math.prod(self.level_sizes)
 
-  def scores(self, features_NxD) -> np.ndarray:
-    """[N, P], higher is better."""
+  def _block_scores(self, features_NxD) -> np.ndarray:
     if self.kind == "linear":
       return np.asarray(discriminative.router_logits(self.linear,
                                                      features_NxD))
     return -np.asarray(kmeans.path_distances(features_NxD, self.centroids))
 
+  def scores(self, features_NxD) -> np.ndarray:
+    """[N, P] float32, higher is better; `SCORE_BLOCK` documents at a time,
+    so the temporaries stay at one block's whatever N."""
+    n = len(features_NxD)
+    if n <= SCORE_BLOCK:
+      return self._block_scores(features_NxD)
+    out = np.empty((n, self.num_paths), np.float32)
+    for first in range(0, n, SCORE_BLOCK):
+      out[first:first + SCORE_BLOCK] = self._block_scores(
+          features_NxD[first:first + SCORE_BLOCK])
+    return out
+
   def top_k(self, features_NxD, k: int) -> np.ndarray:
     """[N, k] best paths first (k capped at the number of paths)."""
-    scores = self.scores(features_NxD)
-    return np.asarray(kmeans.top_k_paths(-scores, min(k, scores.shape[1])))
+    k = min(k, self.num_paths)
+    n = len(features_NxD)
+    if n <= SCORE_BLOCK:
+      scores = self._block_scores(features_NxD)
+      return np.asarray(kmeans.top_k_paths(-scores, k))
+    out = np.empty((n, k), np.int32)
+    for first in range(0, n, SCORE_BLOCK):
+      out[first:first + SCORE_BLOCK] = self.top_k(
+          features_NxD[first:first + SCORE_BLOCK], k)
+    return out
 
   def arrays(self) -> dict:
     out = {f"centroids_{i}": np.asarray(c)
@@ -87,10 +110,14 @@ class Router:
 
 
 def fit_generative(seed: int, features_NxD, level_sizes, method: str,
-                   num_iters: int) -> Router:
-  """k-means with prod(K) clusters, or product k-means (one per level)."""
+                   num_iters: int, max_points: int = 0) -> Router:
+  """k-means with prod(K) clusters, or product k-means (one per level), on
+  at most `max_points` of the rows (`routing.kmeans_max_points`; drawn by
+  the seed, in order; 0 = all), so the fit's memory does not grow with the
+  corpus."""
   key = jax.random.key(seed)
   features = np.asarray(features_NxD, np.float32)
+  features = features[fit_sample(seed, len(features), max_points)]
   if method == "product_kmeans" and len(level_sizes) > 1:
     centroids = kmeans.product_kmeans(key, features, level_sizes, num_iters)
     return Router("product_kmeans", tuple(level_sizes),
@@ -99,6 +126,15 @@ def fit_generative(seed: int, features_NxD, level_sizes, method: str,
   result = kmeans.kmeans(key, features, k, num_iters)
   return Router("kmeans", tuple(level_sizes),
                 [np.asarray(result.centroids_KxD)])
+
+
+def fit_sample(seed: int, num_rows: int, max_points: int) -> np.ndarray:
+  """The rows k-means fits on: all of them, or `max_points` drawn without
+  replacement by the seed, sorted."""
+  if max_points <= 0 or num_rows <= max_points:
+    return np.arange(num_rows)
+  return np.sort(np.random.default_rng([seed, num_rows]).choice(
+      num_rows, max_points, replace=False))
 
 
 def fit_discriminative(seed: int, features_NxD, nll_NxP, level_sizes,

@@ -99,13 +99,16 @@ def replica_shards(config, data, workdir, topology, train_ids, base_exp,
                                            config.data.prefix_len,
                                            "token_embedding")
     router = router_lib.fit_generative(config.seed, feats, (w,), "kmeans",
-                                       config.routing.kmeans_iters)
+                                       config.routing.kmeans_iters,
+                                       config.routing.kmeans_max_points)
     return {"assign": router.top_k(feats, 1)[:, 0],
             "router_sha256": np.array(router.sha256())}
   z = cache.cached_arrays(workdir / "router" / "replicas_{}.npz".format(
       cache.key(data.hashes, source.cache_key(config), config.seed,
                 config.routing.features, config.data.prefix_len, w,
-                config.routing.kmeans_iters, train_ids)), cluster)
+                config.routing.kmeans_iters, train_ids,
+                min(config.routing.kmeans_max_points or len(train_ids),
+                    len(train_ids)))), cluster)
   return ([train_ids[z["assign"] == k] for k in range(w)],
           str(z["router_sha256"]))
 
