@@ -19,8 +19,10 @@ like any user's text:
 
 Measured from outside the job: the peak of the summed RSS of the job's
 process tree (the job and its tokenizer workers), sampled every 0.1 s, and
-the job process's own peak (`wait4`'s ru_maxrss); the wall time. Prints a
-JSON line; --out also writes it.
+the job process's own peak (`wait4`'s ru_maxrss); the wall time; the
+job's last line when the peak was taken, and a timeline of the RSS (a
+point each time it moves by 25 MB). Prints a JSON line; --out also writes
+it.
 """
 
 import json
@@ -99,6 +101,14 @@ def _tree_rss_bytes(root_pid: int) -> int:
   return total
 
 
+def _last_line(path: pathlib.Path) -> str:
+  """The job's last printed line (where it is when the peak is taken)."""
+  with open(path, "rb") as f:
+    f.seek(max(0, os.path.getsize(path) - 400))
+    lines = f.read().decode("utf-8", "replace").strip().splitlines()
+  return lines[-1][:120] if lines else ""
+
+
 def run_job(corpus_dir: pathlib.Path, workdir: pathlib.Path) -> dict:
   """The main job on `corpus_dir`; its peak memory and wall time."""
   command = [
@@ -111,7 +121,8 @@ def run_job(corpus_dir: pathlib.Path, workdir: pathlib.Path) -> dict:
       *_EXTRA.value]
   log_path = workdir.parent / f"{workdir.name}.log"
   start = time.time()
-  peak_tree = 0
+  peak_tree, peak_line = 0, ""
+  timeline = []  # [seconds, MB, the job's last line] when RSS moves 25 MB.
   with open(log_path, "w") as log:
     job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                            cwd=_REPO)
@@ -119,7 +130,12 @@ def run_job(corpus_dir: pathlib.Path, workdir: pathlib.Path) -> dict:
       pid, status, usage = os.wait4(job.pid, os.WNOHANG)
       if pid:
         break
-      peak_tree = max(peak_tree, _tree_rss_bytes(job.pid))
+      rss = _tree_rss_bytes(job.pid)
+      if not timeline or abs(rss / 2**20 - timeline[-1][1]) > 25:
+        timeline.append([round(time.time() - start, 1),
+                         round(rss / 2**20), _last_line(log_path)])
+      if rss > peak_tree:
+        peak_tree, peak_line = rss, _last_line(log_path)
       time.sleep(0.1)
   wall = time.time() - start
   code = os.waitstatus_to_exitcode(status)
@@ -130,7 +146,8 @@ def run_job(corpus_dir: pathlib.Path, workdir: pathlib.Path) -> dict:
           "peak_job_rss_mb": round(usage.ru_maxrss / 1024, 1),
           "wall_s": round(wall, 1),
           "train_documents": info["train_documents"],
-          "train_tokens": info["train_tokens"], "log": str(log_path)}
+          "train_tokens": info["train_tokens"], "log": str(log_path),
+          "peak_after": peak_line, "timeline": timeline}
 
 
 def main(argv):

@@ -382,32 +382,30 @@ def stream_text_files(
   kept = _read_files(files, reading, max_corpus_chars)
 
   def stream():
-    blank_pieces = 0
+    blank = [0]  # Blank pieces, for the log line.
+
+    def documents(doc_id, text, first_plain):
+      for split, doc in _chunk_documents(
+          _split_of(doc_id, validation_fraction), doc_id, text,
+          max_doc_chars, first_plain):
+        if doc is None:
+          blank[0] += 1
+        else:
+          yield split, doc
+
     for relpath, path, text in _texts(kept, reading):
       if path.suffix == '.jsonl':
         docs = 0
         for line_no, line_text in _jsonl_texts(path, text, text_field):
-          doc_id = f'{relpath}:{line_no}'
-          for split, doc in _chunk_documents(
-              _split_of(doc_id, validation_fraction), doc_id, line_text,
-              max_doc_chars, first_plain=True):
-            if doc is None:
-              blank_pieces += 1
-            else:
-              docs += 1
-              yield split, doc
+          for item in documents(f'{relpath}:{line_no}', line_text, True):
+            docs += 1
+            yield item
         # Blank if it gave no document (`_texts` counted the whole text).
         reading.blank += docs == 0 and bool(text.strip())
         continue
-      for split, doc in _chunk_documents(
-          _split_of(relpath, validation_fraction), relpath, text,
-          max_doc_chars, first_plain=False):
-        if doc is None:
-          blank_pieces += 1
-        else:
-          yield split, doc
+      yield from documents(relpath, text, False)
     logging.info('text files %r: %d files read, %d blank pieces and %d '
-                 'files skipped.', pattern, reading.read, blank_pieces,
+                 'files skipped.', pattern, reading.read, blank[0],
                  len(reading.skipped))
   return reading, stream()
 

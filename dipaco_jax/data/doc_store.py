@@ -350,11 +350,7 @@ class DocView:
 
   def subset(self, indices: Sequence[int] | np.ndarray) -> 'DocView':
     """The documents at `indices` of this view (repeats allowed)."""
-    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if indices.size and (indices.min() < -len(self)
-                         or indices.max() >= len(self)):
-      raise IndexError(f'subset indices out of range for {len(self)} docs.')
-    indices = np.where(indices < 0, indices + len(self), indices)
+    indices = token_store.subset_indices(indices, len(self))
     return DocView(self.store, self.store_indices(indices))
 
   def sha256(self) -> str:

@@ -58,11 +58,7 @@ class TokenDocs:
 
   def subset(self, indices: Sequence[int] | np.ndarray) -> 'TokenDocs':
     """The documents at `indices`, in that order (repeats allowed)."""
-    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if indices.size and (indices.min() < -len(self)
-                         or indices.max() >= len(self)):
-      raise IndexError(f'subset indices out of range for {len(self)} docs.')
-    indices = np.where(indices < 0, indices + len(self), indices)
+    indices = subset_indices(indices, len(self))
     lengths_n = self.lengths()[indices]
     offsets = np.zeros(indices.size + 1, dtype=np.int64)
     np.cumsum(lengths_n, out=offsets[1:])
@@ -115,6 +111,16 @@ class TokenDocs:
   def load(cls, path: str | os.PathLike[str]) -> 'TokenDocs':
     arrays = load_npz(path, ('tokens', 'offsets'))
     return cls(arrays['tokens'], arrays['offsets'])
+
+
+def subset_indices(indices, num_docs: int) -> np.ndarray:
+  """`indices` of a subset of `num_docs` documents, checked, negatives
+  counted from the end, as int64 [K]."""
+  indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+  if indices.size and (indices.min() < -num_docs
+                       or indices.max() >= num_docs):
+    raise IndexError(f'subset indices out of range for {num_docs} docs.')
+  return np.where(indices < 0, indices + num_docs, indices)
 
 
 def save_npz(path: epath.Path, **arrays: np.ndarray) -> None:
