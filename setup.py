@@ -16,8 +16,7 @@ _CORE = [
     "tensorboardX>=2.6",
     "matplotlib>=3.8",
     # The token store (dipaco_jax/data/doc_store.py): ArrayRecord files read
-    # through Grain's ArrayRecordDataSource.
-    "grain>=0.2.10",
+    # through its ArrayRecordDataSource (the one Grain's subclasses).
     "array-record>=0.7",
 ]
 
