@@ -16,6 +16,11 @@ A store is a directory:
   offsets (the same digest `TokenDocs.sha256` gives). A directory without it
   is unfinished and is rewritten.
 
+On gs:// (island workers that share only a bucket) a store is written on
+local disk and uploaded, `store.json` last; a reader copies it to its own
+disk once per content (`_local_copy`): ArrayRecord reads local files. At
+C4's size, mount the bucket (gcsfuse) and give its local path instead.
+
 Why fixed chunks of the stream and not a record a document: training reads
 rows of `seq_len + 1` tokens that cross document boundaries and routing
 reads a document's first 32 tokens; with fixed chunks any range costs at
@@ -34,6 +39,9 @@ import collections
 import hashlib
 import json
 import os
+import pathlib
+import shutil
+import tempfile
 import threading
 from typing import Iterable, Sequence
 
@@ -55,11 +63,41 @@ class StoreError(ValueError):
   """A store that is missing, unfinished or damaged; says the fix."""
 
 
-def _require_local(directory: epath.Path) -> None:
-  if '://' in os.fspath(directory):
-    raise StoreError(
-        f'{directory}: a token store must be on a local disk (ArrayRecord '
-        'reads local files); use a local --workdir and copy results out.')
+def _is_remote(directory) -> bool:
+  return '://' in os.fspath(directory)
+
+
+def _copy_file(source: epath.Path, target: epath.Path) -> None:
+  """Streams one file across (bounded memory: 8 MiB at a time)."""
+  with source.open('rb') as src, target.open('wb') as dst:
+    shutil.copyfileobj(src, dst, 8 << 20)
+
+
+def _cache_root() -> pathlib.Path:
+  return pathlib.Path(os.environ.get('DIPACO_JAX_STORE_CACHE') or os.path.join(
+      tempfile.gettempdir(), 'dipaco_jax_stores'))
+
+
+def _local_copy(directory: epath.Path, info: dict) -> pathlib.Path:
+  """A store on gs:// copied to this machine's disk, once per content
+  (ArrayRecord reads local files): under $DIPACO_JAX_STORE_CACHE, by
+  default $TMPDIR/dipaco_jax_stores. Copied to a temporary name, then
+  renamed, so that a copy cut short is never read."""
+  key = hashlib.sha256(f'{directory}|{info["sha256"]}'.encode()).hexdigest()
+  local = _cache_root() / key[:24]
+  if (local / STORE_FILE).exists():
+    return local
+  local.parent.mkdir(parents=True, exist_ok=True)
+  partial = pathlib.Path(tempfile.mkdtemp(prefix=local.name + '.',
+                                          dir=local.parent))
+  names = [name for name, _ in info['files']] + [OFFSETS_FILE, STORE_FILE]
+  for name in names:  # store.json last: it marks the copy whole.
+    _copy_file(directory / name, epath.Path(partial) / name)
+  try:
+    os.rename(partial, local)
+  except OSError:  # Another process copied it first.
+    shutil.rmtree(partial, ignore_errors=True)
+  return local
 
 
 class DocStoreWriter:
@@ -74,8 +112,13 @@ class DocStoreWriter:
     # Imported here: only writing and reading stores needs ArrayRecord.
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
     self._module = array_record_module
-    self._dir = epath.Path(directory)
-    _require_local(self._dir)
+    # On gs:// the store is written here first, then uploaded by `close`.
+    self._target = epath.Path(directory)
+    if _is_remote(self._target):
+      self._dir = epath.Path(tempfile.mkdtemp(prefix='dipaco_jax_store_'))
+      (self._target / STORE_FILE).unlink(missing_ok=True)
+    else:
+      self._dir = self._target
     if chunk_tokens <= 0 or records_per_file <= 0:
       raise ValueError('chunk_tokens and records_per_file must be > 0.')
     self._dir.mkdir(parents=True, exist_ok=True)
@@ -146,7 +189,12 @@ class DocStoreWriter:
         'format': _FORMAT, 'num_documents': self._num_docs,
         'num_tokens': self._num_tokens, 'chunk_tokens': self._chunk,
         'files': self._files, 'sha256': digest.hexdigest()}, indent=1)
-    return DocStore(self._dir)
+    if self._target != self._dir:  # gs://: upload, store.json last.
+      self._target.mkdir(parents=True, exist_ok=True)
+      for name in [n for n, _ in self._files] + [OFFSETS_FILE, STORE_FILE]:
+        _copy_file(self._dir / name, self._target / name)
+      shutil.rmtree(self._dir, ignore_errors=True)
+    return DocStore(self._target)
 
 
 def write_token_docs(directory: str | os.PathLike[str],
@@ -166,11 +214,19 @@ def open_store(directory: str | os.PathLike[str]) -> 'DocStore':
   """The store at `directory`, opened once a process (every path's shard
   of a run shares one reader and one record cache); reopened when its
   `store.json` changed (the data stage ran again)."""
-  key = os.path.realpath(os.fspath(directory))
-  try:
-    stamp = os.stat(os.path.join(key, STORE_FILE)).st_mtime_ns
-  except OSError:
-    stamp = None
+  if _is_remote(directory):  # Its store.json's digest says if it changed.
+    key = os.fspath(directory)
+    try:
+      stamp = json.loads((epath.Path(directory) / STORE_FILE).read_text()
+                         ).get('sha256')
+    except (OSError, ValueError):
+      stamp = None
+  else:
+    key = os.path.realpath(os.fspath(directory))
+    try:
+      stamp = os.stat(os.path.join(key, STORE_FILE)).st_mtime_ns
+    except OSError:
+      stamp = None
   with _OPEN_LOCK:
     cached = _OPEN.get(key)
     if cached is None or cached[0] != stamp:
@@ -188,7 +244,6 @@ class DocStore:
 
   def __init__(self, directory: str | os.PathLike[str]):
     self.directory = epath.Path(directory)
-    _require_local(self.directory)
     path = self.directory / STORE_FILE
     try:
       info = json.loads(path.read_text())
@@ -205,7 +260,10 @@ class DocStore:
     self.sha256 = str(info['sha256'])
     self._files = [name for name, _ in info['files']]
     self._num_records = sum(count for _, count in info['files'])
-    offsets_path = self.directory / OFFSETS_FILE
+    # Where the files are read: the store itself, or its local copy.
+    self._local = (epath.Path(_local_copy(self.directory, info))
+                   if _is_remote(self.directory) else self.directory)
+    offsets_path = self._local / OFFSETS_FILE
     size = (os.path.getsize(offsets_path) if offsets_path.exists() else -1)
     if size != 8 * (self.num_docs + 1):
       raise StoreError(
@@ -245,7 +303,7 @@ class DocStore:
           # about 180 MB, for the same reader.
           from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
           self._source = array_record_data_source.ArrayRecordDataSource(
-              [os.fspath(self.directory / name) for name in self._files])
+              [os.fspath(self._local / name) for name in self._files])
         try:
           raw = self._source.__getitems__(missing)
         except Exception as e:  # pylint: disable=broad-except

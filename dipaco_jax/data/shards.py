@@ -44,6 +44,15 @@ def _shard_sha256(store_sha256: str, store_indices: np.ndarray) -> str:
   return h.hexdigest()
 
 
+def _store_reference(store_dir, directory) -> str:
+  """Where the manifest says the store is: relative to the shards on a
+  local disk (a moved work directory still finds it), whole on gs://
+  (object names have no `..`)."""
+  if '://' in os.fspath(store_dir) or '://' in os.fspath(directory):
+    return os.fspath(store_dir)
+  return os.path.relpath(os.fspath(store_dir), os.fspath(directory))
+
+
 def write_shards(directory: str,
                  docs: doc_store.DocView | token_store.TokenDocs,
                  doc_indices_per_shard: Sequence[np.ndarray],
@@ -98,9 +107,7 @@ def write_shards(directory: str,
         'sha256': _shard_sha256(docs.store.sha256, store_ix),
     })
   manifest = {'num_shards': len(entries), 'shards': entries,
-              # Relative, so that a moved work directory still finds it.
-              'store': os.path.relpath(os.fspath(docs.store.directory),
-                                       os.fspath(directory)),
+              'store': _store_reference(docs.store.directory, directory),
               'store_sha256': docs.store.sha256,
               'hashes': dict(hashes)}
   atomic.write_json(manifest_path, manifest, indent=2)
@@ -139,7 +146,9 @@ def load_shard_with_indices(
   entry = manifest['shards'][index]
   path = epath.Path(directory) / entry['file']
   arrays = token_store.load_npz(path, ('doc_indices', 'store_indices'))
-  store = doc_store.open_store(epath.Path(directory) / manifest['store'])
+  store = doc_store.open_store(
+      manifest['store'] if '://' in manifest['store'] else
+      epath.Path(directory) / manifest['store'])
   if store.sha256 != manifest['store_sha256']:
     raise ValueError(
         f'The token store {store.directory} is not the one the shards in '
