@@ -19,7 +19,7 @@ A store is a directory:
 On gs:// (island workers that share only a bucket) a store is written on
 local disk and uploaded, `store.json` last; a reader copies it to its own
 disk once per content (`_local_copy`): ArrayRecord reads local files. At
-C4's size, mount the bucket (gcsfuse) and give its local path instead.
+C4's size that is the whole split on every worker's disk (docs/islands.md).
 
 Why fixed chunks of the stream and not a record a document: training reads
 rows of `seq_len + 1` tokens that cross document boundaries and routing
