@@ -1,7 +1,7 @@
 r"""Peak memory of the main job against the corpus's size: is it flat?
 
-  python bench/corpus_memory.py [--sizes_mb=120,600] [--root=/tmp/corpus_memory]
-      [--out=FILE]
+  python bench/corpus_memory.py [--sizes_mb=120,600] [--repeats=1]
+      [--root=/tmp/corpus_memory] [--out=FILE]
 
 For each size, generated text of about that many MB: the standard library's
 `.py` source copied as often as it takes, every copied file opened by a line
@@ -21,13 +21,15 @@ Measured from outside the job: the peak of the summed RSS of the job's
 process tree (the job and its tokenizer workers), sampled every 0.1 s, and
 the job process's own peak (`wait4`'s ru_maxrss); the wall time; the
 job's last line when the peak was taken, and a timeline of the RSS (a
-point each time it moves by 25 MB). Prints a JSON line; --out also writes
-it.
+point each time it moves by 25 MB). Each size runs --repeats times,
+interleaved; the growth is between the medians. Prints a JSON line; --out
+also writes it.
 """
 
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +46,9 @@ _ROOT = flags.DEFINE_string("root", "/tmp/corpus_memory",
 _OUT = flags.DEFINE_string("out", "", "also write the JSON line here")
 _EXTRA = flags.DEFINE_multi_string("extra", [],
                                    "more --config overrides for the job")
+_REPEATS = flags.DEFINE_integer(
+    "repeats", 1, "runs of each size, interleaved (the same job's peak moved "
+    "by up to 15% between runs)")
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -153,17 +158,26 @@ def run_job(corpus_dir: pathlib.Path, workdir: pathlib.Path) -> dict:
 def main(argv):
   del argv
   root = pathlib.Path(_ROOT.value)
-  rows = {}
-  for size in _SIZES.value:
-    corpus = write_corpus(root / f"text_{size}mb", int(float(size) * 1e6))
-    workdir = root / f"run_{size}mb"
-    subprocess.run(["rm", "-rf", str(workdir)], check=True)
-    rows[f"{size}mb"] = {"corpus": corpus, **run_job(root / f"text_{size}mb",
-                                                     workdir)}
-    print(json.dumps({size: rows[f"{size}mb"]}), flush=True)
-  first, last = rows[f"{_SIZES.value[0]}mb"], rows[f"{_SIZES.value[-1]}mb"]
-  result = {"runs": rows, "growth_tree_rss": round(
-      last["peak_tree_rss_mb"] / first["peak_tree_rss_mb"] - 1, 3),
+  rows = {f"{size}mb": [] for size in _SIZES.value}
+  for repeat in range(_REPEATS.value):
+    for size in _SIZES.value:
+      corpus = write_corpus(root / f"text_{size}mb", int(float(size) * 1e6))
+      workdir = root / f"run_{size}mb"
+      subprocess.run(["rm", "-rf", str(workdir)], check=True)
+      row = {"corpus": corpus, **run_job(root / f"text_{size}mb", workdir)}
+      rows[f"{size}mb"].append(row)
+      print(json.dumps({size: {k: v for k, v in row.items()
+                               if k != "timeline"}, "repeat": repeat}),
+            flush=True)
+  medians = {name: {key: statistics.median(r[key] for r in runs)
+                    for key in ("peak_tree_rss_mb", "peak_job_rss_mb",
+                                "wall_s")}
+             for name, runs in rows.items()}
+  first, last = (medians[f"{_SIZES.value[0]}mb"],
+                 medians[f"{_SIZES.value[-1]}mb"])
+  result = {"runs": rows, "medians": medians,
+            "growth_tree_rss": round(
+                last["peak_tree_rss_mb"] / first["peak_tree_rss_mb"] - 1, 3),
             "growth_job_rss": round(
                 last["peak_job_rss_mb"] / first["peak_job_rss_mb"] - 1, 3),
             "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count()}
