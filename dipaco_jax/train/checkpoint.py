@@ -345,13 +345,15 @@ class Checkpointer:
 
 def _in_flight_gb(abstract_tree) -> float:
   """Orbax's bound on the shard bytes one restore reads and places at once:
-  `RESTORE_IN_FLIGHT_BYTES`, or twice the largest shard (orbax refuses a
-  shard as large as the bound). In GB, orbax's unit; a fraction is taken as
+  `RESTORE_IN_FLIGHT_BYTES`, or the largest shard and 1 MiB (orbax refuses
+  a shard as large as the bound; twice the largest, as before, let a
+  process hold two at once: at a shard an eighth of the state, its share
+  plus a quarter of the state). In GB, orbax's unit; a fraction is taken as
   it is (`restore_concurrent_gb * 10**9` bytes)."""
   largest = max((np.prod(x.sharding.shard_shape(x.shape), dtype=np.int64)
                  * np.dtype(x.dtype).itemsize
                  for x in jax.tree.leaves(abstract_tree)), default=0)
-  return max(RESTORE_IN_FLIGHT_BYTES, 2 * int(largest)) / 1e9
+  return max(RESTORE_IN_FLIGHT_BYTES, int(largest) + (1 << 20)) / 1e9
 
 
 def _check_digest(got, want, reason: str) -> None:
