@@ -9,9 +9,9 @@ tokenizer size and model:
 
 - floor: SentencePiece's `encode` of every document in this process, one
   thread (the rate a core can tokenize at, whatever the framework does);
-- tokenization: `data/prepare.encode_to_stores` as the data stage runs it
-  (worker processes, one a core, streamed into a token store on disk), its
-  tokens/s divided by the cores;
+- tokenization: `data/corpus_stream.encode_to_stores` as the data stage
+  runs it (worker processes, one a core, streamed into a token store on
+  disk), its tokens/s divided by the cores;
 - routing: what the routing stages do with the tokenized corpus, on all the
   cores: prefix features read from the store (the quickstart's model, mean hidden state over
   the first 32 tokens), product k-means over them (2x2) and each document's
@@ -36,7 +36,8 @@ import numpy as np
 
 from dipaco_jax import paths as paths_lib
 from dipaco_jax.data import corpora
-from dipaco_jax.data import prepare
+from dipaco_jax.data import doc_view
+from dipaco_jax.data import corpus_stream
 from dipaco_jax.data import tokenizer as tokenizer_lib
 from dipaco_jax.model import layers
 from dipaco_jax.model import transformer
@@ -95,11 +96,11 @@ def main(argv):
   # As the data stage runs it: streamed into a token store on disk.
   store_dir = pathlib.Path(tempfile.mkdtemp(prefix="data_throughput_"))
   t0 = time.perf_counter()
-  stores = prepare.encode_to_stores(
+  stores = corpus_stream.encode_to_stores(
       tok, (("train", corpora.Document(str(i), text))
             for i, text in enumerate(texts)),
       {"train": store_dir / "train", "validation": store_dir / "validation"})
-  docs = stores["train"].view()
+  docs = doc_view.DocView(stores["train"])
   encode_s = time.perf_counter() - t0
 
   topology = paths_lib.topology_from_config(config)

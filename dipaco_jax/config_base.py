@@ -115,10 +115,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.routing.min_shard_fraction = 0.25  # Top up paths below this x mean.
   c.routing.router_fraction = 0.05  # Train docs held out for the router.
   c.routing.kmeans_iters = 50  # Lloyd iterations of each k-means fit.
-  # k-means fits on at most this many documents' features (drawn by the
-  # seed; 0 = all), then routes every document: its memory stays flat in the
-  # corpus (65,536 is 256 points a centroid for 256 clusters).
-  c.routing.kmeans_max_points = 65_536
+  c.routing.kmeans_max_points = 65_536  # k-means fits on these (0 = all).
   c.routing.discriminative_steps = 0  # >0: discriminative phase, then these
   #                                    more inner steps on the new shards.
   c.routing.replica_shards = "iid"  # DiLoCo replicas: iid | kmeans
@@ -146,11 +143,7 @@ def base_config() -> ml_collections.ConfigDict:
   # one axis, windows over the rest; eval/sharded.py). 0 = gcd(paths,
   # devices): one path per device of the path axis.
   c.eval.path_group = 0
-  # Validation tokens scored a block at a time (eval/routed.py
-  # document_blocks): memory stays at one block's windows, about 80 bytes a
-  # token, whatever the split's size. 0 = the whole split at once. The
-  # figures do not depend on it (sums of the same per-token numbers).
-  c.eval.block_tokens = 1 << 20
+  c.eval.block_tokens = 1 << 20  # Scored a block at a time (0 = all at once).
   # DiPaCo only (stages/dense_scaling.py): also train dense models of these
   # multiples of one path's non-embedding parameters ("2,4"; "" = none)
   # from scratch, for the steps a path takes in all, base included.

@@ -260,13 +260,6 @@ def _train_paths(config, data, workdir, name, router, feats, path_ids,
   return experiment_lib.TrainedPaths(exp, result, stopper)
 
 
-def _fit_points(config, num_docs: int) -> int:
-  """How many documents k-means fits on (in the router's cache key: a cap
-  above the corpus leaves the fit, and its cached router, as they were)."""
-  cap = config.routing.kmeans_max_points
-  return num_docs if cap <= 0 else min(cap, num_docs)
-
-
 def run_dipaco(config, workdir, islands=None) -> dict:
   """The DiPaCo pipeline (module docstring)."""
   t0 = time.time()
@@ -319,7 +312,8 @@ def run_dipaco(config, workdir, islands=None) -> dict:
   router, _ = cache.cached_router(
       workdir / "router" / "generative_{}.npz".format(cache.key(
           feats_key, config.routing.method, ks, config.routing.kmeans_iters,
-          _fit_points(config, len(path_ids)))),
+          router_lib.fit_size(len(path_ids),
+                              config.routing.kmeans_max_points))),
       fit_generative)
 
   trained = _train_paths(

@@ -31,8 +31,8 @@ _CODE = ('def f(x):\n'
 
 @pytest.fixture(scope='module')
 def small_corpus():
-  return corpora.python_stdlib_documents(
-      max_doc_chars=4000, validation_fraction=0.1, max_corpus_chars=300_000)
+  return corpora.read_python_stdlib(
+      max_doc_chars=4000, validation_fraction=0.1, max_corpus_chars=300_000)[0]
 
 
 @pytest.fixture(scope='module')
@@ -68,8 +68,8 @@ def test_chunk_text_respects_limit_and_concatenates_back():
 
 
 def test_stdlib_split_is_deterministic_and_disjoint():
-  a = corpora.python_stdlib_documents(20_000, 0.2, max_corpus_chars=2_000_000)
-  b = corpora.python_stdlib_documents(20_000, 0.2, max_corpus_chars=2_000_000)
+  a = corpora.read_python_stdlib(20_000, 0.2, max_corpus_chars=2_000_000)[0]
+  b = corpora.read_python_stdlib(20_000, 0.2, max_corpus_chars=2_000_000)[0]
   assert a == b
   assert corpus_manifest.corpus_fingerprint(a) == corpus_manifest.corpus_fingerprint(b)
   files = {s: {d.doc_id.rsplit('#', 1)[0] for d in docs}
@@ -84,13 +84,13 @@ def test_stdlib_split_is_deterministic_and_disjoint():
     assert all(len(d.text) <= 20_000 and d.text.strip() for d in docs)
     assert not any('site-packages' in i for i in ids)
   # A different cap gives a different (but still valid) corpus.
-  c = corpora.python_stdlib_documents(20_000, 0.2, max_corpus_chars=500_000)
+  c = corpora.read_python_stdlib(20_000, 0.2, max_corpus_chars=500_000)[0]
   assert corpus_manifest.corpus_fingerprint(c) != corpus_manifest.corpus_fingerprint(a)
 
 
 def test_selection_split_never_holds_a_validation_document():
-  real = corpora.python_stdlib_documents(20_000, 0.2,
-                                         max_corpus_chars=2_000_000)
+  real = corpora.read_python_stdlib(20_000, 0.2,
+                                    max_corpus_chars=2_000_000)[0]
   chosen = corpora.selection_split(real, 0.2)
   units = {s: {corpora.unit_of(d.doc_id) for d in docs}
            for s, docs in chosen.items()}
@@ -110,7 +110,7 @@ def test_selection_split_never_holds_a_validation_document():
 
 def test_stdlib_chunks_of_a_file_give_back_the_file():
   import sysconfig  # pylint: disable=g-import-not-at-top
-  splits = corpora.python_stdlib_documents(3000, 0.5)
+  splits = corpora.read_python_stdlib(3000, 0.5)[0]
   by_file = {}
   for docs in splits.values():
     for d in docs:
@@ -134,7 +134,7 @@ def test_text_files_txt_and_jsonl(tmp_path):
       f.write(json.dumps({'text': f'doc {i} ' * (i + 1), 'id': i}) + '\n')
     f.write('\n')  # A blank line is not an error.
   pattern = str(tmp_path / '**' / '*.*')
-  splits = corpora.text_files_documents(pattern, 'text', 100, 0.3)
+  splits = corpora.read_text_files(pattern, 'text', 100, 0.3)[0]
   docs = splits['train'] + splits['validation']
   ids = {d.doc_id for d in docs}
   assert 'a.txt#0' in ids and 'a.txt#1' in ids
@@ -147,22 +147,22 @@ def test_text_files_txt_and_jsonl(tmp_path):
   a_chunks = sorted((int(d.doc_id.split('#')[1]), d.text) for d in docs
                     if d.doc_id.startswith('a.txt#'))
   assert ''.join(t for _, t in a_chunks) == 'line one\nline two\n' * 20
-  again = corpora.text_files_documents(pattern, 'text', 100, 0.3)
+  again = corpora.read_text_files(pattern, 'text', 100, 0.3)[0]
   assert corpus_manifest.corpus_fingerprint(again) == corpus_manifest.corpus_fingerprint(
       splits)
 
 
 def test_text_files_errors(tmp_path):
   with pytest.raises(ValueError, match='nothing_here'):
-    corpora.text_files_documents(str(tmp_path / 'nothing_here*.txt'),
-                                 'text', 100, 0.1)
+    corpora.read_text_files(str(tmp_path / 'nothing_here*.txt'),
+                            'text', 100, 0.1)
   bad = tmp_path / 'bad.jsonl'
   bad.write_text('{"text": "ok"}\n{not json\n')
   with pytest.raises(ValueError, match=r'bad\.jsonl line 2'):
-    corpora.text_files_documents(str(bad), 'text', 100, 0.1)
+    corpora.read_text_files(str(bad), 'text', 100, 0.1)
   bad.write_text('{"text": "ok"}\n{"body": "no text field"}\n')
   with pytest.raises(ValueError, match=r"bad\.jsonl line 2: no field 'text'"):
-    corpora.text_files_documents(str(bad), 'text', 100, 0.1)
+    corpora.read_text_files(str(bad), 'text', 100, 0.1)
 
 
 # -------------------------------------------------------------- tokenizer

@@ -10,7 +10,9 @@ import pytest
 
 from dipaco_jax import config_base
 from dipaco_jax.data import batches
+from dipaco_jax.data import corpus_stream
 from dipaco_jax.data import doc_store
+from dipaco_jax.data import doc_view
 from dipaco_jax.data import prepare
 from dipaco_jax.data import token_store
 
@@ -30,7 +32,7 @@ def test_store_answers_what_memory_answers(tmp_path, chunk_tokens):
   store = doc_store.write_token_docs(tmp_path / 's', docs, chunk_tokens)
   assert (len(store), store.num_tokens) == (len(docs), docs.num_tokens)
   assert store.sha256 == docs.sha256()  # The same digest as in memory.
-  view = store.view()
+  view = doc_view.DocView(store)
   rng = np.random.default_rng(1)
   picks = rng.integers(0, len(docs), size=150)  # Repeats, any order.
   in_memory, on_disk = docs.subset(picks), view.subset(picks)
@@ -43,7 +45,7 @@ def test_store_answers_what_memory_answers(tmp_path, chunk_tokens):
   # Training rows: every row, and batches, equal to the packed copy.
   rows, stream_rows = (batches.pack_rows(in_memory, 16),
                        batches.pack_rows(on_disk, 16))
-  assert isinstance(stream_rows, doc_store.StreamRows)
+  assert isinstance(stream_rows, doc_view.StreamRows)
   assert stream_rows.shape == rows.shape
   np.testing.assert_array_equal(stream_rows[np.arange(rows.shape[0])], rows)
   for step in (0, 5, 400):  # 400: past an epoch boundary.
@@ -57,7 +59,8 @@ def test_store_answers_what_memory_answers(tmp_path, chunk_tokens):
 
 def test_subset_of_subset_and_bounds(tmp_path):
   docs = _random_docs(num_docs=50)
-  view = doc_store.write_token_docs(tmp_path / 's', docs, 64).view()
+  view = doc_view.DocView(
+      doc_store.write_token_docs(tmp_path / 's', docs, 64))
   nested = view.subset([5, 6, 7, 8]).subset([3, -4])
   np.testing.assert_array_equal(nested.indices, [8, 5])
   with pytest.raises(IndexError):
@@ -68,7 +71,7 @@ def test_subset_of_subset_and_bounds(tmp_path):
   # A store crosses processes by its path, not its contents.
   again = pickle.loads(pickle.dumps(view.store))
   assert len(pickle.dumps(view.store)) < 500
-  np.testing.assert_array_equal(again.view().doc(3), docs.doc(3))
+  np.testing.assert_array_equal(doc_view.DocView(again).doc(3), docs.doc(3))
 
 
 def test_unfinished_or_damaged_store_is_refused(tmp_path):
@@ -87,7 +90,7 @@ def test_unfinished_or_damaged_store_is_refused(tmp_path):
   data[200] ^= 1
   path.write_bytes(bytes(data))
   with pytest.raises(doc_store.StoreError, match='hash mismatch'):
-    doc_store.DocStore(directory).view().materialize()
+    doc_view.DocView(doc_store.DocStore(directory)).materialize()
   # Offsets cut short.
   offsets = directory / doc_store.OFFSETS_FILE
   offsets.write_bytes(offsets.read_bytes()[:-8])
@@ -123,7 +126,7 @@ def test_data_stage_stores_the_documents_in_memory_encoding(tmp_path):
   d.vocab_size = 512
   d.validation_fraction = 0.3
   bundle = prepare.prepare_data(d, str(tmp_path), 0)
-  splits, _ = prepare.read_corpus(d)
+  splits, _ = corpus_stream.read_corpus(d)
   for split in ('train', 'validation'):
     want = token_store.encode_documents(
         bundle.tokenizer, [doc.text for doc in splits[split]])

@@ -14,12 +14,12 @@ from typing import Sequence
 
 import numpy as np
 
-from dipaco_jax.data import doc_store
+from dipaco_jax.data import doc_view
 from dipaco_jax.data import token_store
 
 
-def pack_rows(token_docs: token_store.TokenDocs | doc_store.DocView,
-              seq_len: int) -> np.ndarray | doc_store.StreamRows:
+def pack_rows(token_docs: token_store.TokenDocs | doc_view.DocView,
+              seq_len: int) -> np.ndarray | doc_view.StreamRows:
   """Cuts the concatenated documents into rows of `seq_len + 1` tokens.
 
   Row r is `stream[r * L : r * L + L + 1]`: consecutive rows share one token
@@ -29,7 +29,7 @@ def pack_rows(token_docs: token_store.TokenDocs | doc_store.DocView,
   Args:
     token_docs: the documents, in order: in memory, or a view of a token
       store on disk, whose rows are then read when a batch asks for them
-      (`doc_store.StreamRows`, the same rows; nothing is copied).
+      (`doc_view.StreamRows`, the same rows; nothing is copied).
     seq_len: L.
 
   Returns:
@@ -48,8 +48,8 @@ def pack_rows(token_docs: token_store.TokenDocs | doc_store.DocView,
         f'Only {total} tokens, fewer than seq_len + 1 = {seq_len + 1}: '
         'not one training row. Lower config.data.seq_len, use more data, or '
         'use fewer paths.')
-  if isinstance(token_docs, doc_store.DocView):
-    return doc_store.StreamRows(token_docs, seq_len)
+  if isinstance(token_docs, doc_view.DocView):
+    return doc_view.StreamRows(token_docs, seq_len)
   stream = token_docs.tokens
   windows = np.lib.stride_tricks.sliding_window_view(stream, seq_len + 1)
   return np.ascontiguousarray(windows[::seq_len][:num_rows], dtype=np.int32)
@@ -85,8 +85,9 @@ def example_indices(num_rows: int, seed: int, stream_index: int, step: int,
   return out_b
 
 
-def batch_for_step(rows_NxLp1: np.ndarray | doc_store.StreamRows, seed: int, stream_index: int,
-                   step: int, batch_size: int) -> np.ndarray:
+def batch_for_step(rows_NxLp1: np.ndarray | doc_view.StreamRows, seed: int,
+                   stream_index: int, step: int,
+                   batch_size: int) -> np.ndarray:
   """The batch [B, L+1] of one stream at one step: a pure function.
 
   Args:
@@ -173,7 +174,7 @@ def eval_windows(token_docs: token_store.TokenDocs, seq_len: int,
     float32, 'doc_index': [M] int64}.
   """
   # The windows are held whole (12 bytes a token of the documents scored).
-  token_docs = doc_store.as_token_docs(token_docs)
+  token_docs = doc_view.as_token_docs(token_docs)
   lengths_n = token_docs.lengths()
   # Windows per doc: enough to cover targets 1..n-1.
   windows_n = np.where(lengths_n > 1, -(-(lengths_n - 1) // seq_len), 0)

@@ -3,13 +3,13 @@
 Each source is a stream of (split, document) that reads one file at a time
 (`stream_*`; the data stage tokenizes it into a store on disk without
 holding the corpus), or the same documents collected into lists
-(`read_*`, `*_documents`: small corpora and tests). Two sources, both
+(`read_*`: small corpora and tests). Two sources, both
 without TensorFlow (DESIGN invariant 2):
 
-* `python_stdlib_documents`: the installed Python standard library's `.py`
+* `stream_python_stdlib`: the installed Python standard library's `.py`
   files. Present on every machine and needs no network, so the quickstart
   runs anywhere.
-* `text_files_documents`: user files matched by a glob, plain text (`.txt`)
+* `stream_text_files`: user files matched by a glob, plain text (`.txt`)
   or JSON lines (`.jsonl`).
 
 The split is decided by hashing a stable name (a file's relative path), never
@@ -279,8 +279,20 @@ def stream_python_stdlib(
     max_doc_chars: int, validation_fraction: float,
     max_corpus_chars: int = 0
 ) -> tuple[Reading, Iterator[tuple[str, Document]]]:
-  """The stdlib corpus as a stream of (split, document), one file read at a
-  time; the `Reading` is complete once the stream is exhausted."""
+  """Documents made of the installed Python standard library's source, as
+  a stream of (split, document), one file read at a time; the `Reading` is
+  complete once the stream is exhausted.
+
+  Args:
+    max_doc_chars: longer files become several documents (cut at lines).
+    validation_fraction: the share of files (by hash of the relative path)
+      that goes to 'validation'.
+    max_corpus_chars: if > 0, keep whole files (in hash order) until this
+      many characters; the cap is deterministic.
+
+  Returns:
+    (reading, stream); each split's documents come sorted by relative path.
+  """
   _check_args(max_doc_chars, validation_fraction)
   root, files = corpus_files.stdlib_files()
   reading = Reading(f'the stdlib at {root}', f'in the stdlib at {root}')
@@ -300,31 +312,12 @@ def stream_python_stdlib(
 def read_python_stdlib(
     max_doc_chars: int, validation_fraction: float,
     max_corpus_chars: int = 0) -> tuple[dict[str, list[Document]], Reading]:
-  """`python_stdlib_documents` and what reading found."""
+  """`stream_python_stdlib` collected into lists, and what reading found."""
   reading, stream = stream_python_stdlib(max_doc_chars, validation_fraction,
                                          max_corpus_chars)
   splits = collect(stream)
   _log_sizes('stdlib corpus', splits)
   return splits, reading
-
-
-def python_stdlib_documents(
-    max_doc_chars: int, validation_fraction: float,
-    max_corpus_chars: int = 0) -> dict[str, list[Document]]:
-  """Documents made of the installed Python standard library's source.
-
-  Args:
-    max_doc_chars: longer files become several documents (cut at lines).
-    validation_fraction: the share of files (by hash of the relative path)
-      that goes to 'validation'.
-    max_corpus_chars: if > 0, keep whole files (in hash order) until this
-      many characters; the cap is deterministic.
-
-  Returns:
-    {'train': [...], 'validation': [...]}, each sorted by relative path.
-  """
-  return read_python_stdlib(max_doc_chars, validation_fraction,
-                            max_corpus_chars)[0]
 
 
 def _jsonl_texts(path: epath.Path, text: str,
@@ -374,8 +367,32 @@ def stream_text_files(
     pattern: str, text_field: str, max_doc_chars: int,
     validation_fraction: float, max_corpus_chars: int = 0
 ) -> tuple[Reading, Iterator[tuple[str, Document]]]:
-  """`text_files_documents` as a stream of (split, document), one file read
-  at a time; the `Reading` is complete once the stream is exhausted."""
+  """Documents from files matching a glob, as a stream of (split,
+  document), one file read at a time; the `Reading` is complete once the
+  stream is exhausted.
+
+  A `.jsonl` file holds one document per line, taken from `text_field`
+  (doc id `relpath:line`, with `#chunk` added for chunks after the first of
+  a long line) and split by the hash of its doc id: one `.jsonl` file often
+  holds the whole corpus, so splitting by file would put it all on one
+  side. Any other file (`.txt`, `.py`, `.md`, ...) is one document, chunked
+  like the stdlib source (doc ids `relpath#chunk`), split by the hash of
+  its relative path.
+
+  Args:
+    pattern: a glob, local or gs:// (for example '/data/**/*.jsonl').
+    text_field: the JSON key that holds the text in `.jsonl` files.
+    max_doc_chars: longer texts become several documents.
+    validation_fraction: the share that goes to 'validation'.
+    max_corpus_chars: if > 0, keep whole files (in hash order) until this
+      many characters.
+
+  Raises:
+    CorpusError (a ValueError): nothing matches, or (while streaming) a
+      JSON line is bad; the message names the file and the line. Files
+      that cannot be read as text are skipped; the `Reading` says which,
+      and why.
+  """
   _check_args(max_doc_chars, validation_fraction)
   _, files = corpus_files.text_files(pattern)
   reading = Reading(f'text files {pattern!r}', f'matched by {pattern!r}')
@@ -414,43 +431,9 @@ def read_text_files(
     pattern: str, text_field: str, max_doc_chars: int,
     validation_fraction: float,
     max_corpus_chars: int = 0) -> tuple[dict[str, list[Document]], Reading]:
-  """`text_files_documents` and what reading found."""
+  """`stream_text_files` collected into lists, and what reading found."""
   reading, stream = stream_text_files(pattern, text_field, max_doc_chars,
                                       validation_fraction, max_corpus_chars)
   splits = collect(stream)
   _log_sizes(f'text files {pattern!r}', splits)
   return splits, reading
-
-
-def text_files_documents(
-    pattern: str, text_field: str, max_doc_chars: int,
-    validation_fraction: float,
-    max_corpus_chars: int = 0) -> dict[str, list[Document]]:
-  """Documents from files matching a glob (`.jsonl`, or any text file).
-
-  A `.jsonl` file holds one document per line; any other file (`.txt`,
-  `.py`, `.md`, ...) is one document (chunked like the stdlib source; doc ids
-  `relpath#chunk`), split by the hash of its relative path. Each line of a
-  `.jsonl` file is one document taken from `text_field` (doc id
-  `relpath:line`, with `#chunk` added for chunks after the first of a long
-  line), split by the hash of its doc id: one `.jsonl` file often holds the
-  whole corpus, so splitting by file would put it all on one side.
-
-  Args:
-    pattern: a glob, local or gs:// (for example '/data/**/*.jsonl').
-    text_field: the JSON key that holds the text in `.jsonl` files.
-    max_doc_chars: longer texts become several documents.
-    validation_fraction: the share that goes to 'validation'.
-    max_corpus_chars: if > 0, keep whole files (in hash order) until this
-      many characters.
-
-  Returns:
-    {'train': [...], 'validation': [...]}.
-
-  Raises:
-    CorpusError (a ValueError): nothing matches, or a JSON line is bad (the
-      message names the file and the line). Files that cannot be read as
-      text are skipped; `read_text_files` says which, and why.
-  """
-  return read_text_files(pattern, text_field, max_doc_chars,
-                         validation_fraction, max_corpus_chars)[0]

@@ -35,16 +35,16 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Iterable, Iterator
 
 from absl import logging
 from etils import epath
-import numpy as np
 
 from dipaco_jax.data import corpora
 from dipaco_jax.data import corpus_files
+from dipaco_jax.data import corpus_stream
 from dipaco_jax.data import corpus_manifest
 from dipaco_jax.data import doc_store
+from dipaco_jax.data import doc_view
 from dipaco_jax.data import token_store
 from dipaco_jax.data import tokenizer as tokenizer_lib
 from dipaco_jax.store import atomic
@@ -68,7 +68,7 @@ DATA_STAGE_FIELDS = (
 @dataclasses.dataclass
 class DataBundle:
   tokenizer: tokenizer_lib.Tokenizer
-  docs: dict  # split -> doc_store.DocView of the split's token store
+  docs: dict  # split -> doc_view.DocView of the split's token store
   hashes: dict  # corpus, tokenizer
   units: dict  # split -> int64 [N]: the file (split unit) of each document
 
@@ -141,71 +141,6 @@ def corpus_inputs(data_config, previous: dict) -> tuple[dict, dict]:
   return {"corpus": corpus, "tokenizer_model": tokenizer}, record
 
 
-def stream_corpus(data_config
-                  ) -> tuple[corpora.Reading | None, Iterator]:
-  """The corpus as a stream of (split, `corpora.Document`), read as it is
-  consumed, and what reading found (None for c4; complete once the stream
-  is exhausted); with `data.selection_split`, the split made of training
-  files only. Each call reads the corpus again."""
-  reading, stream = _stream_splits(data_config)
-  if data_config.get("selection_split", False):
-    stream = corpora.selection_stream(stream, data_config.validation_fraction)
-  return reading, stream
-
-
-def read_corpus(data_config) -> tuple[dict, corpora.Reading | None]:
-  """`stream_corpus` collected into {split: [documents]} (small corpora)."""
-  reading, stream = stream_corpus(data_config)
-  return corpora.collect(stream), reading
-
-
-def _stream_splits(data_config) -> tuple[corpora.Reading | None, Iterator]:
-  d = data_config
-  if d.corpus == "python_stdlib":
-    return corpora.stream_python_stdlib(d.max_doc_chars,
-                                        d.validation_fraction,
-                                        d.max_corpus_chars)
-  if d.corpus == "text_files":
-    return corpora.stream_text_files(d.text_glob, d.text_field,
-                                     d.max_doc_chars, d.validation_fraction,
-                                     d.max_corpus_chars)
-  if d.corpus == "c4":
-    from dipaco_jax.data import c4  # pylint: disable=g-import-not-at-top
-    # Opened now, so that a missing dataset fails before anything is read.
-    opened = [(split, c4.iter_c4_documents(split, d.max_documents))
-              for split in _SPLITS]
-    return None, ((split, corpora.Document(*doc)) for split, docs in opened
-                  for doc in docs)
-  raise corpora.CorpusError(
-      f"config.data.corpus: unknown corpus {d.corpus!r}")
-
-
-@dataclasses.dataclass
-class Scan:
-  """What one pass over the corpus found, without its text: documents and
-  split units per split, the fingerprint."""
-  num_docs: dict
-  unit_names: dict  # split -> set of unit names (files, .jsonl lines)
-  units: dict  # split -> int64 [N]: each document's unit, numbered
-  fingerprint: corpus_manifest.Fingerprint
-
-
-def scan_corpus(stream: Iterable) -> Scan:
-  """Counts, units and the fingerprint of a (split, document) stream."""
-  num_docs = {s: 0 for s in _SPLITS}
-  numbers = {s: {} for s in _SPLITS}
-  units = {s: [] for s in _SPLITS}
-  fingerprint = corpus_manifest.Fingerprint()
-  for split, doc in stream:
-    num_docs[split] += 1
-    fingerprint.add(split, doc)
-    unit = corpora.unit_of(doc.doc_id)
-    units[split].append(numbers[split].setdefault(unit, len(numbers[split])))
-  return Scan(num_docs, {s: set(numbers[s]) for s in _SPLITS},
-              {s: np.array(units[s], np.int64) for s in _SPLITS},
-              fingerprint)
-
-
 # --- Messages ----------------------------------------------------------------
 
 
@@ -248,7 +183,7 @@ def _count(n: int, what: str) -> str:
   return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
-def _found(reading: corpora.Reading | None, scan: Scan) -> str:
+def _found(reading: corpora.Reading | None, scan: corpus_stream.Scan) -> str:
   counts = ", ".join(f"{s} {scan.num_docs[s]:,}" for s in _SPLITS)
   if reading is None:
     return f"Documents per split: {counts}."
@@ -259,8 +194,8 @@ def _found(reading: corpora.Reading | None, scan: Scan) -> str:
           f"{skipped}{blank}; documents per split: {counts}.")
 
 
-def _fix(data_config, reading: corpora.Reading | None, scan: Scan,
-         empty: str) -> str:
+def _fix(data_config, reading: corpora.Reading | None,
+         scan: corpus_stream.Scan, empty: str) -> str:
   """What to change so that the `empty` split gets documents."""
   d = data_config
   if reading is None:  # c4
@@ -303,7 +238,7 @@ def _fix(data_config, reading: corpora.Reading | None, scan: Scan,
           f"{fix}.")
 
 
-def check_splits(data_config, scan: Scan,
+def check_splits(data_config, scan: corpus_stream.Scan,
                  reading: corpora.Reading | None) -> None:
   """Raises CorpusError, saying what was found and the fix, when a split
   is empty (both are needed: train to train, validation to evaluate)."""
@@ -357,40 +292,6 @@ def _why_again(info: dict, key: str, config_key: str, inputs: dict,
 
 # --- The stage ---------------------------------------------------------------
 
-# Characters of text encoded at a time: what the encoding pass holds.
-_ENCODE_BATCH_CHARS = 16_000_000
-
-
-def encode_to_stores(tok: tokenizer_lib.Tokenizer, stream: Iterable,
-                      directories: dict) -> dict:
-  """Encodes a (split, document) stream into one token store a split; each
-  document becomes `[BOS] + encode(text)`, in stream order. Returns
-  {split: DocStore}."""
-  writers = {s: doc_store.DocStoreWriter(directories[s]) for s in _SPLITS}
-  bos = np.array([tok.bos_id], np.int32)
-
-  def flush(batch):
-    for (split, doc), ids in zip(batch, encoder.encode(
-        [doc.text for _, doc in batch])):
-      tokens = np.concatenate([bos, ids.astype(np.int32)])
-      token_store.check_vocab(tokens, tok.vocab_size, tok,
-                              f"Document {doc.doc_id!r}")
-      writers[split].add(tokens)
-
-  with token_store.Encoder(tok) as encoder:
-    batch, chars = [], 0
-    for split, doc in stream:
-      batch.append((split, doc))
-      chars += len(doc.text)
-      if chars >= _ENCODE_BATCH_CHARS:
-        flush(batch)
-        batch, chars = [], 0
-    if batch:
-      flush(batch)
-  return {s: writer.close() for s, writer in writers.items()}
-
-
-
 def _load(out: epath.Path, info: dict) -> DataBundle | None:
   """The stored stage, or None when its tokenizer is not the one it was
   encoded with (a later data stage retrained it, then stopped)."""
@@ -401,7 +302,7 @@ def _load(out: epath.Path, info: dict) -> DataBundle | None:
   if tok.sha256[:16] != info.get("hashes", {}).get("tokenizer"):
     return None
   try:
-    docs = {s: doc_store.DocStore(out / s).view() for s in _SPLITS}
+    docs = {s: doc_view.DocView(doc_store.DocStore(out / s)) for s in _SPLITS}
   except doc_store.StoreError:
     return None  # Unfinished or damaged: the stage runs again.
   units = token_store.load_npz(out / "units.npz", _SPLITS)
@@ -430,8 +331,8 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
   print(f"[data] reading corpus {data_config.corpus!r}"
         + _why_again(info, key, config_key, inputs, previous, record),
         flush=True)
-  reading, stream = stream_corpus(data_config)
-  scan = scan_corpus(stream)
+  reading, stream = corpus_stream.stream_corpus(data_config)
+  scan = corpus_stream.scan_corpus(stream)
   if reading is not None:  # c4 has no files to name.
     for line in (skipped_line(reading), replaced_line(reading)):
       if line:
@@ -444,8 +345,8 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
   fingerprint = scan.fingerprint.hexdigest(_SPLITS)
 
   def train_texts():
-    return (doc.text for split, doc in stream_corpus(data_config)[1]
-            if split == "train")
+    stream = corpus_stream.stream_corpus(data_config)[1]
+    return (doc.text for split, doc in stream if split == "train")
   tok = tokenizer_lib.load_or_train_tokenizer(
       workdir, train_texts, data_config.vocab_size,
       data_config.tokenizer_model, seed, data_config.tokenizer_max_sentences,
@@ -458,15 +359,15 @@ def prepare_data(data_config, workdir: str, seed: int) -> DataBundle:
     for split, doc in stream:
       read_again.add(split, doc)
       yield split, doc
-  stores = encode_to_stores(
-      tok, fingerprinted(stream_corpus(data_config)[1]),
+  stores = corpus_stream.encode_to_stores(
+      tok, fingerprinted(corpus_stream.stream_corpus(data_config)[1]),
       {s: out / s for s in _SPLITS})
   if read_again.hexdigest(_SPLITS) != fingerprint:
     raise corpora.CorpusError(
         f"The corpus changed while the data stage read it "
         f"(config.data.corpus={data_config.corpus!r}): rerun once the files "
         "stop changing.")
-  docs = {s: store.view() for s, store in stores.items()}
+  docs = {s: doc_view.DocView(store) for s, store in stores.items()}
   units = scan.units
   token_store.save_npz(out / "units.npz", **units)
   atomic.write_json(manifest_path, {"files": record}, indent=None)

@@ -3,7 +3,7 @@
 Each path p trains on `shard_{p:05d}.npz`, which holds `doc_indices` only:
 which documents of the split's token store (`data/doc_store.py`) are its,
 in order. Nothing is copied: a shard costs 8 bytes a document on disk, and
-training reads its rows from the store (`doc_store.StreamRows`). A dense
+training reads its rows from the store (`doc_view.StreamRows`). A dense
 run has one shard. `manifest.json` lists the shards with their sizes and
 hashes, names the store and its sha256, and records the hashes of what
 produced them (corpus, tokenizer, router).
@@ -25,6 +25,7 @@ from etils import epath
 import numpy as np
 
 from dipaco_jax.data import doc_store
+from dipaco_jax.data import doc_view
 from dipaco_jax.data import token_store
 from dipaco_jax.store import atomic
 
@@ -54,7 +55,7 @@ def _store_reference(store_dir, directory) -> str:
 
 
 def write_shards(directory: str,
-                 docs: doc_store.DocView | token_store.TokenDocs,
+                 docs: doc_view.DocView | token_store.TokenDocs,
                  doc_indices_per_shard: Sequence[np.ndarray],
                  hashes: dict[str, str]) -> dict:
   """Writes one index file per path, then the manifest.
@@ -92,8 +93,9 @@ def write_shards(directory: str,
   if manifest_path.exists():
     # From here on the directory is unfinished until the new manifest lands.
     manifest_path.unlink()
-  if not isinstance(docs, doc_store.DocView):
-    docs = doc_store.write_token_docs(directory / _STORE_DIR, docs).view()
+  if not isinstance(docs, doc_view.DocView):
+    docs = doc_view.DocView(
+        doc_store.write_token_docs(directory / _STORE_DIR, docs))
   entries = []
   for index, ix in enumerate(indices_per_shard):
     store_ix = docs.store_indices(ix)
@@ -129,7 +131,7 @@ def read_manifest(directory: str) -> dict | None:
 
 
 def load_shard_with_indices(
-    directory: str, index: int) -> tuple[doc_store.DocView, np.ndarray]:
+    directory: str, index: int) -> tuple[doc_view.DocView, np.ndarray]:
   """Shard `index` (a view of the store) and its `doc_indices`, checked
   against the manifest."""
   manifest = read_manifest(directory)
@@ -162,13 +164,13 @@ def load_shard_with_indices(
         f'{entry["sha256"]}): it was changed after writing. Delete '
         f'{directory} and rerun the sharding stage.')
   try:
-    docs = store.view(arrays['store_indices'])
+    docs = doc_view.DocView(store, arrays['store_indices'])
   except IndexError as e:
     raise ValueError(f'{path} is corrupt ({e}). Delete {directory} and rerun '
                      'the sharding stage.') from e
   return docs, arrays['doc_indices']
 
 
-def load_shard(directory: str, index: int) -> doc_store.DocView:
+def load_shard(directory: str, index: int) -> doc_view.DocView:
   """Shard `index` as a view of the store, checked against the manifest."""
   return load_shard_with_indices(directory, index)[0]

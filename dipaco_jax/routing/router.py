@@ -128,10 +128,16 @@ def fit_generative(seed: int, features_NxD, level_sizes, method: str,
                 [np.asarray(result.centroids_KxD)])
 
 
+def fit_size(num_rows: int, max_points: int) -> int:
+  """How many rows k-means fits on (in the routers' cache keys: a cap above
+  the corpus leaves the fit, and its cached router, as they were)."""
+  return num_rows if max_points <= 0 else min(max_points, num_rows)
+
+
 def fit_sample(seed: int, num_rows: int, max_points: int) -> np.ndarray:
   """The rows k-means fits on: all of them, or `max_points` drawn without
   replacement by the seed, sorted."""
-  if max_points <= 0 or num_rows <= max_points:
+  if fit_size(num_rows, max_points) == num_rows:
     return np.arange(num_rows)
   return np.sort(np.random.default_rng([seed, num_rows]).choice(
       num_rows, max_points, replace=False))

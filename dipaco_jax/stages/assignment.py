@@ -107,8 +107,9 @@ def replica_shards(config, data, workdir, topology, train_ids, base_exp,
       cache.key(data.hashes, source.cache_key(config), config.seed,
                 config.routing.features, config.data.prefix_len, w,
                 config.routing.kmeans_iters, train_ids,
-                min(config.routing.kmeans_max_points or len(train_ids),
-                    len(train_ids)))), cluster)
+                router_lib.fit_size(len(train_ids),
+                                    config.routing.kmeans_max_points))),
+      cluster)
   return ([train_ids[z["assign"] == k] for k in range(w)],
           str(z["router_sha256"]))
 
